@@ -1,0 +1,219 @@
+#include "cpu/attention_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "cpu/blas.h"
+#include "cpu/softmax_rows.h"
+
+namespace attnlab::cpu {
+namespace {
+
+// Block sizes: a query block of Bq rows meets key blocks of Bk columns; the Bq×Bk score block
+// stays in L2. Short sequences use one block so small problems are not split needlessly.
+constexpr int64_t kForwardKeyBlock = 512;
+constexpr int64_t kBackwardQueryBlock = 64;
+constexpr int64_t kBackwardKeyBlock = 128;
+
+int64_t forward_query_block(int64_t len_q) {
+  if (len_q >= 768) return 256;
+  if (len_q >= 192) return 64;
+  return 32;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Keys a query block [i0, i0 + rows) can see: all, or under the causal mask those up to its
+// last row.
+template <typename T>
+int64_t key_end(const AttentionProblem<T>& p, int64_t i0, int64_t rows) {
+  return p.causal ? std::min(p.len_k, i0 + rows) : p.len_k;
+}
+
+template <typename T>
+int64_t visible_base(const AttentionProblem<T>& p, int64_t i0, int64_t j0) {
+  return p.causal ? i0 - j0 + 1 : kAllVisible;
+}
+
+template <typename T>
+const T* mask_block(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t j0) {
+  return p.mask.data ? p.mask.row(b, i0) + j0 : nullptr;
+}
+
+// Per row: output /= sum (0 for a fully masked row, NaN stays NaN), lse = max + log(sum).
+template <typename T>
+void finish_rows(T* x, int64_t rows, int64_t cols, int64_t ld, const T* row_max,
+                 const T* row_sum, T* inv_sum, T* lse) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool none = row_sum[r] == T(0);
+    inv_sum[r] = none ? T(0) : T(1) / row_sum[r];
+    lse[r] = none ? -std::numeric_limits<T>::infinity() : row_max[r] + std::log(row_sum[r]);
+  }
+  scale_rows(x, rows, cols, ld, inv_sum);
+}
+
+template <typename T>
+void forward_with_weights(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t rows,
+                          T* out, T* lse, T* weights, T* row_max, T* row_sum, T* scratch) {
+  // The weights block [rows, len_k] is the score buffer: one softmax pass, no rescaling.
+  T* w = weights + (b * p.len_q + i0) * p.len_k;
+  const int64_t kv_end = key_end(p, i0, rows);
+  gemm(false, true, rows, kv_end, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
+       p.key.row(b, 0), p.key.row_stride, T(0), w, p.len_k);
+  online_softmax_block(w, rows, kv_end, p.len_k, mask_block(p, b, i0, 0), p.mask.row_stride,
+                       visible_base(p, i0, 0), row_max, row_sum, scratch);
+  finish_rows(w, rows, kv_end, p.len_k, row_max, row_sum, scratch, lse);
+  for (int64_t r = 0; r < rows; ++r) std::fill(w + r * p.len_k + kv_end, w + (r + 1) * p.len_k, T(0));
+  if (kv_end == 0) {
+    std::fill(out, out + rows * p.dim_v, T(0));
+    return;
+  }
+  gemm(false, false, rows, p.dim_v, kv_end, T(1), w, p.len_k, p.value.row(b, 0),
+       p.value.row_stride, T(0), out, p.dim_v);
+}
+
+template <typename T>
+void forward_online(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t rows, T* out,
+                    T* lse, T* row_max, T* row_sum, T* correction, T* scores) {
+  // The output rows accumulate P·V; earlier blocks are rescaled when the row max grows.
+  const int64_t kv_end = key_end(p, i0, rows);
+  if (kv_end == 0) std::fill(out, out + rows * p.dim_v, T(0));
+  for (int64_t j0 = 0; j0 < kv_end; j0 += kForwardKeyBlock) {
+    const int64_t cols = std::min(kForwardKeyBlock, kv_end - j0);
+    gemm(false, true, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
+         p.key.row(b, j0), p.key.row_stride, T(0), scores, kForwardKeyBlock);
+    online_softmax_block(scores, rows, cols, kForwardKeyBlock, mask_block(p, b, i0, j0),
+                         p.mask.row_stride, visible_base(p, i0, j0), row_max, row_sum,
+                         correction);
+    if (j0 > 0) scale_rows(out, rows, p.dim_v, p.dim_v, correction);
+    gemm(false, false, rows, p.dim_v, cols, T(1), scores, kForwardKeyBlock, p.value.row(b, j0),
+         p.value.row_stride, j0 > 0 ? T(1) : T(0), out, p.dim_v);
+  }
+  finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse);
+}
+
+}  // namespace
+
+template <typename T>
+void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights) {
+  const int64_t block_q = forward_query_block(p.len_q);
+  const int64_t q_blocks = ceil_div(p.len_q, block_q);
+  at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
+    std::vector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
+      const int64_t rows = std::min(block_q, p.len_q - i0);
+      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
+      std::fill(row_sum.begin(), row_sum.end(), T(0));
+      T* out = output + (b * p.len_q + i0) * p.dim_v;
+      T* lse = logsumexp + b * p.len_q + i0;
+      if (weights) {
+        forward_with_weights(p, b, i0, rows, out, lse, weights, row_max.data(), row_sum.data(),
+                             correction.data());
+      } else {
+        forward_online(p, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
+                       correction.data(), scores.data());
+      }
+    }
+  });
+}
+
+template <typename T>
+void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
+                        const T* output, const T* logsumexp, T* grad_query, T* grad_key,
+                        T* grad_value) {
+  const int64_t E = p.dim_qk, Ev = p.dim_v;
+  std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
+  std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
+  std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
+
+  // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
+  std::vector<T> delta(p.batch * p.len_q);
+  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      row_dots(grad_output.row(b, 0), grad_output.row_stride, output + b * p.len_q * Ev, Ev,
+               p.len_q, Ev, delta.data() + b * p.len_q);
+    }
+  });
+
+  // Each task owns the key blocks of one chunk of one batch entry, so dK and dV need no
+  // synchronisation. dQ sums over key blocks: with one chunk per batch entry it goes straight
+  // to grad_query; when there are fewer batch entries than threads, the keys are split into
+  // chunks whose dQ parts are summed at the end.
+  const int64_t k_blocks = ceil_div(p.len_k, kBackwardKeyBlock);
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunks =
+      p.batch >= threads ? 1 : std::max<int64_t>(1, std::min(k_blocks, ceil_div(threads, p.batch)));
+  const int64_t dq_size = p.batch * p.len_q * E;
+  std::vector<T> dq_parts((chunks - 1) * dq_size, T(0));
+
+  at::parallel_for(0, p.batch * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> probs(kBackwardQueryBlock * kBackwardKeyBlock);
+    std::vector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
+    constexpr int64_t ld = kBackwardKeyBlock;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / chunks, chunk = task % chunks;
+      T* dq = (chunk == 0 ? grad_query : dq_parts.data() + (chunk - 1) * dq_size) +
+              b * p.len_q * E;
+      const int64_t first_block = chunk * k_blocks / chunks;
+      const int64_t last_block = (chunk + 1) * k_blocks / chunks;
+      for (int64_t kb = first_block; kb < last_block; ++kb) {
+        const int64_t j0 = kb * kBackwardKeyBlock;
+        const int64_t cols = std::min(kBackwardKeyBlock, p.len_k - j0);
+        T* dk = grad_key + (b * p.len_k + j0) * E;
+        T* dv = grad_value + (b * p.len_k + j0) * Ev;
+        // Under the causal mask, queries before j0 see none of these keys.
+        const int64_t i_start = p.causal ? (j0 / kBackwardQueryBlock) * kBackwardQueryBlock : 0;
+        for (int64_t i0 = i_start; i0 < p.len_q; i0 += kBackwardQueryBlock) {
+          const int64_t rows = std::min(kBackwardQueryBlock, p.len_q - i0);
+          const T* q = p.query.row(b, i0);
+          const T* dout = grad_output.row(b, i0);
+          gemm(false, true, rows, cols, E, p.scale, q, p.query.row_stride, p.key.row(b, j0),
+               p.key.row_stride, T(0), probs.data(), ld);
+          probs_from_lse(probs.data(), rows, cols, ld, mask_block(p, b, i0, j0),
+                         p.mask.row_stride, visible_base(p, i0, j0),
+                         logsumexp + b * p.len_q + i0);
+          // dV_j += Pᵀ·dO_i
+          gemm(true, false, cols, Ev, rows, T(1), probs.data(), ld, dout,
+               grad_output.row_stride, T(1), dv, Ev);
+          // dP = dO_i·V_jᵀ, then dS = P ⊙ (dP − delta)
+          gemm(false, true, rows, cols, Ev, T(1), dout, grad_output.row_stride,
+               p.value.row(b, j0), p.value.row_stride, T(0), dprobs.data(), ld);
+          softmax_grad_block(probs.data(), dprobs.data(), rows, cols, ld,
+                             delta.data() + b * p.len_q + i0);
+          // dK_j += scale·dSᵀ·Q_i ;  dQ_i += scale·dS·K_j
+          gemm(true, false, cols, E, rows, p.scale, dprobs.data(), ld, q, p.query.row_stride,
+               T(1), dk, E);
+          gemm(false, false, rows, E, cols, p.scale, dprobs.data(), ld, p.key.row(b, j0),
+               p.key.row_stride, T(1), dq + i0 * E, E);
+        }
+      }
+    }
+  });
+
+  if (chunks > 1) {
+    at::parallel_for(0, dq_size, 4096, [&](int64_t begin, int64_t end) {
+      for (int64_t c = 1; c < chunks; ++c) {
+        const T* part = dq_parts.data() + (c - 1) * dq_size;
+        for (int64_t i = begin; i < end; ++i) grad_query[i] += part[i];
+      }
+    });
+  }
+}
+
+template void attention_forward<float>(const AttentionProblem<float>&, float*, float*, float*);
+template void attention_forward<double>(const AttentionProblem<double>&, double*, double*,
+                                        double*);
+template void attention_backward<float>(const AttentionProblem<float>&,
+                                        const BatchedRows<float>&, const float*, const float*,
+                                        float*, float*, float*);
+template void attention_backward<double>(const AttentionProblem<double>&,
+                                         const BatchedRows<double>&, const double*,
+                                         const double*, double*, double*, double*);
+
+}  // namespace attnlab::cpu

@@ -1,0 +1,43 @@
+#pragma once
+// Blocked scaled dot-product attention on the CPU, over raw pointers. The operator layer
+// (ops/attention.cpp) broadcasts, validates and lays out the tensors; these functions only
+// compute.
+
+#include <cstdint>
+
+namespace attnlab::cpu {
+
+// A batch of row-major matrices: element (b, row, col) is at
+// data[offset[b] + row * row_stride + col]. Broadcast batch entries share offsets.
+template <typename T>
+struct BatchedRows {
+  const T* data = nullptr;
+  const int64_t* offset = nullptr;
+  int64_t row_stride = 0;
+  const T* row(int64_t b, int64_t r) const { return data + offset[b] + r * row_stride; }
+};
+
+template <typename T>
+struct AttentionProblem {
+  int64_t batch = 0, len_q = 0, len_k = 0, dim_qk = 0, dim_v = 0;
+  BatchedRows<T> query, key, value;
+  BatchedRows<T> mask;  // additive [len_q, len_k] per batch entry; data == nullptr for none
+  bool causal = false;  // query i sees keys j <= i
+  T scale = 1;
+};
+
+// output [batch, len_q, dim_v] and logsumexp [batch, len_q], contiguous. weights, when not
+// null, receives the normalized attention [batch, len_q, len_k]. Memory beyond the outputs is
+// O(block²) per thread.
+template <typename T>
+void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights);
+
+// Gradients, contiguous at the broadcast batch shape, written (not accumulated):
+// grad_query [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk],
+// grad_value [batch, len_k, dim_v]. output and logsumexp are the forward's.
+template <typename T>
+void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
+                        const T* output, const T* logsumexp, T* grad_query, T* grad_key,
+                        T* grad_value);
+
+}  // namespace attnlab::cpu

@@ -1,0 +1,52 @@
+#pragma once
+// Row-wise pieces of blocked attention: the online-softmax update in the forward, the
+// probabilities from the stored log-sum-exp and the softmax gradient in the backward.
+// Each works on a block of `rows` rows with `cols` columns at leading dimension `ld`.
+//
+// Causal masking is a per-row count of visible leading columns: row r sees the first
+// clamp(visible_base + r, 0, cols) columns; pass kAllVisible when there is no causal mask.
+// `mask` (nullable) is an additive mask block with leading dimension mask_ld (0 = the same row
+// for every query).
+
+#include <cstdint>
+#include <limits>
+
+namespace attnlab::cpu {
+
+constexpr int64_t kAllVisible = std::numeric_limits<int64_t>::max() / 4;
+
+// Scores → unnormalised probabilities exp(s − new max), in place; columns a row may not see
+// become 0. Updates row_max and row_sum and writes correction[r] = exp(old max − new max), the
+// factor by which the caller rescales what it accumulated from earlier blocks.
+// A row with nothing visible so far keeps max −inf and sum 0 (NaN scores make it NaN).
+void online_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, const float* mask,
+                          int64_t mask_ld, int64_t visible_base, float* row_max, float* row_sum,
+                          float* correction);
+void online_softmax_block(double* s, int64_t rows, int64_t cols, int64_t ld, const double* mask,
+                          int64_t mask_ld, int64_t visible_base, double* row_max,
+                          double* row_sum, double* correction);
+
+// Scores → probabilities exp(s + mask − lse), in place; invisible columns and rows with
+// lse = −inf (every key masked) become 0.
+void probs_from_lse(float* s, int64_t rows, int64_t cols, int64_t ld, const float* mask,
+                    int64_t mask_ld, int64_t visible_base, const float* lse);
+void probs_from_lse(double* s, int64_t rows, int64_t cols, int64_t ld, const double* mask,
+                    int64_t mask_ld, int64_t visible_base, const double* lse);
+
+// dP → dS = P ⊙ (dP − delta[r]), in place in dp (same leading dimension as p).
+void softmax_grad_block(const float* p, float* dp, int64_t rows, int64_t cols, int64_t ld,
+                        const float* delta);
+void softmax_grad_block(const double* p, double* dp, int64_t rows, int64_t cols, int64_t ld,
+                        const double* delta);
+
+// Multiplies each row r by factor[r].
+void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* factor);
+void scale_rows(double* x, int64_t rows, int64_t cols, int64_t ld, const double* factor);
+
+// out[r] = Σ_c a[r, c]·b[r, c].
+void row_dots(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows,
+              int64_t cols, float* out);
+void row_dots(const double* a, int64_t lda, const double* b, int64_t ldb, int64_t rows,
+              int64_t cols, double* out);
+
+}  // namespace attnlab::cpu

@@ -1,0 +1,266 @@
+// attnlab::scaled_dot_product_attention and its forward/backward operators:
+// schemas, the autograd formula, and the CPU entry points that lay tensors out for the kernels.
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "attnlab/attention.h"
+#include "cpu/attention_kernel.h"
+#include "ops/checks.h"
+
+namespace attnlab {
+namespace {
+
+using at::Tensor;
+
+double resolve_scale(std::optional<double> scale, int64_t dim_qk) {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dim_qk));
+}
+
+std::vector<int64_t> with_tail(at::IntArrayRef batch, std::initializer_list<int64_t> tail) {
+  std::vector<int64_t> shape(batch.begin(), batch.end());
+  shape.insert(shape.end(), tail);
+  return shape;
+}
+
+// Keeps t's memory when each matrix row is contiguous and rows do not overlap, so that BLAS can
+// use the row stride as its leading dimension; copies otherwise.
+Tensor rows_contiguous(const Tensor& t) {
+  const bool inner_ok = t.size(-1) <= 1 || t.stride(-1) == 1;
+  const bool rows_ok = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
+  return inner_ok && rows_ok ? t : t.contiguous();
+}
+
+// A tensor of shape [..., L, C] seen as the rows of the batch `batch`, without copying
+// broadcast or strided batch dimensions. `offsets` keeps one element offset per batch entry.
+template <typename T>
+cpu::BatchedRows<T> batched_rows(const Tensor& t, at::IntArrayRef batch,
+                                 std::vector<int64_t>& offsets) {
+  const Tensor e = t.expand(with_tail(batch, {t.size(-2), t.size(-1)}));
+  const int64_t dims = static_cast<int64_t>(batch.size());
+  offsets.assign(c10::multiply_integers(batch), 0);
+  std::vector<int64_t> index(dims, 0);
+  int64_t offset = 0;
+  for (auto& o : offsets) {
+    o = offset;
+    for (int64_t d = dims - 1; d >= 0; --d) {
+      if (++index[d] < e.size(d)) {
+        offset += e.stride(d);
+        break;
+      }
+      offset -= e.stride(d) * (e.size(d) - 1);
+      index[d] = 0;
+    }
+  }
+  const int64_t row_stride = e.size(-2) <= 1 ? std::max<int64_t>(1, e.size(-1)) : e.stride(-2);
+  return {e.data_ptr<T>(), offsets.data(), row_stride};
+}
+
+// The mask as an additive mask of the inputs' dtype whose key dimension is contiguous;
+// the query and batch dimensions may still broadcast.
+Tensor additive_mask(const Tensor& mask, const Tensor& query, int64_t len_k) {
+  Tensor m = mask;
+  while (m.dim() < 2) m = m.unsqueeze(0);
+  if (m.scalar_type() == at::kBool) {
+    m = at::where(m, at::zeros({}, query.options()),
+                  at::full({}, -std::numeric_limits<double>::infinity(), query.options()));
+  } else {
+    m = m.to(query.scalar_type());
+  }
+  if (m.size(-1) != len_k || (len_k > 1 && m.stride(-1) != 1)) {
+    std::vector<int64_t> shape(m.sizes().begin(), m.sizes().end());
+    shape.back() = len_k;
+    m = m.expand(shape).contiguous();
+  }
+  return m;
+}
+
+// Everything the kernels need, with the storage it points into.
+template <typename T>
+struct PreparedProblem {
+  cpu::AttentionProblem<T> problem;
+  std::vector<int64_t> batch;
+  Tensor query, key, value, mask;
+  std::vector<int64_t> q_offsets, k_offsets, v_offsets, mask_offsets;
+
+  PreparedProblem(const Tensor& q, const Tensor& k, const Tensor& v,
+                  const std::optional<Tensor>& attn_mask, bool is_causal,
+                  std::optional<double> scale, std::vector<int64_t> batch_shape)
+      : batch(std::move(batch_shape)),
+        query(rows_contiguous(q)),
+        key(rows_contiguous(k)),
+        value(rows_contiguous(v)) {
+    auto& p = problem;
+    p.batch = c10::multiply_integers(batch);
+    p.len_q = q.size(-2);
+    p.len_k = k.size(-2);
+    p.dim_qk = q.size(-1);
+    p.dim_v = v.size(-1);
+    p.causal = is_causal;
+    p.scale = static_cast<T>(resolve_scale(scale, p.dim_qk));
+    p.query = batched_rows<T>(query, batch, q_offsets);
+    p.key = batched_rows<T>(key, batch, k_offsets);
+    p.value = batched_rows<T>(value, batch, v_offsets);
+    if (attn_mask && attn_mask->defined()) {
+      mask = additive_mask(*attn_mask, q, p.len_k);
+      const Tensor rows = mask.expand(with_tail(batch, {p.len_q, p.len_k}));
+      p.mask = batched_rows<T>(rows, batch, mask_offsets);
+      p.mask.row_stride = rows.stride(-2);  // 0 when one mask row serves every query
+    }
+  }
+};
+
+std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const Tensor& key,
+                                                     const Tensor& value,
+                                                     const std::optional<Tensor>& attn_mask,
+                                                     bool is_causal, std::optional<double> scale,
+                                                     bool need_weights) {
+  auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
+  const auto options = query.options();
+  Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
+  Tensor lse = at::empty(with_tail(batch, {len_q}), options);
+  Tensor weights = need_weights ? at::empty(with_tail(batch, {len_q, len_k}), options)
+                                : at::empty({0}, options);
+  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_forward", [&] {
+    PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    cpu::attention_forward<scalar_t>(prepared.problem, output.data_ptr<scalar_t>(),
+                                     lse.data_ptr<scalar_t>(),
+                                     need_weights ? weights.data_ptr<scalar_t>() : nullptr);
+  });
+  return {output, lse, weights};
+}
+
+std::tuple<Tensor, Tensor, Tensor> sdpa_backward_cpu(
+    const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    const Tensor& output, const Tensor& logsumexp) {
+  auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  const int64_t len_q = query.size(-2), len_k = key.size(-2);
+  const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
+  checks::sdpa_backward_inputs(grad_output, output, logsumexp, batch, len_q, dim_v);
+  const auto options = query.options();
+  Tensor grad_q = at::empty(with_tail(batch, {len_q, dim_qk}), options);
+  Tensor grad_k = at::empty(with_tail(batch, {len_k, dim_qk}), options);
+  Tensor grad_v = at::empty(with_tail(batch, {len_k, dim_v}), options);
+  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_backward", [&] {
+    PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    std::vector<int64_t> grad_offsets;
+    const Tensor grad_rows = rows_contiguous(grad_output);
+    const auto grad = batched_rows<scalar_t>(grad_rows, batch, grad_offsets);
+    cpu::attention_backward<scalar_t>(
+        prepared.problem, grad, output.contiguous().data_ptr<scalar_t>(),
+        logsumexp.contiguous().data_ptr<scalar_t>(), grad_q.data_ptr<scalar_t>(),
+        grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>());
+  });
+  // Inputs that were broadcast over batch dimensions receive the sum over those dimensions.
+  return {grad_q.sum_to_size(query.sizes()), grad_k.sum_to_size(key.sizes()),
+          grad_v.sum_to_size(value.sizes())};
+}
+
+c10::TypedOperatorHandle<decltype(sdpa_forward_cpu)> forward_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("attnlab::_sdpa_forward", "")
+                       .typed<decltype(sdpa_forward_cpu)>();
+  return op;
+}
+
+c10::TypedOperatorHandle<decltype(sdpa_backward_cpu)> backward_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("attnlab::_sdpa_backward", "")
+                       .typed<decltype(sdpa_backward_cpu)>();
+  return op;
+}
+
+// Forward keeps the log-sum-exp of each query row; backward recomputes the probabilities.
+class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
+                                                const Tensor& query, const Tensor& key,
+                                                const Tensor& value,
+                                                const std::optional<Tensor>& attn_mask,
+                                                bool is_causal, std::optional<double> scale,
+                                                bool need_weights) {
+    auto [output, lse, weights] =
+        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
+    ctx->save_for_backward({query, key, value, output, lse, attn_mask.value_or(Tensor())});
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->mark_non_differentiable({weights});
+    return {output, weights};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const Tensor& grad_output = grads[0];
+    torch::autograd::variable_list result(7);
+    if (!grad_output.defined()) return result;
+    std::optional<Tensor> mask;
+    if (saved[5].defined()) mask = saved[5];
+    auto [dq, dk, dv] = backward_op().call(
+        grad_output, saved[0], saved[1], saved[2], mask, ctx->saved_data["is_causal"].toBool(),
+        ctx->saved_data["scale"].toOptional<double>(), saved[3], saved[4]);
+    result[0] = dq;
+    result[1] = dk;
+    result[2] = dv;
+    return result;
+  }
+};
+
+std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key,
+                                          const Tensor& value,
+                                          const std::optional<Tensor>& attn_mask,
+                                          bool is_causal, std::optional<double> scale,
+                                          bool need_weights) {
+  checks::sdpa_kinds(query, key, value, attn_mask, scale);
+  TORCH_CHECK(!(attn_mask && attn_mask->defined() && attn_mask->requires_grad()),
+              "attnlab.scaled_dot_product_attention: attn_mask requires grad, but gradients "
+              "with respect to the mask are not computed; pass attn_mask.detach()");
+  auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights);
+  return {outs[0], outs[1]};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    bool need_weights) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("attnlab::scaled_dot_product_attention", "")
+                       .typed<decltype(sdpa_composite)>();
+  return op.call(query, key, value, attn_mask, is_causal, scale, need_weights);
+}
+
+}  // namespace attnlab
+
+TORCH_LIBRARY(attnlab, m) {
+  // Fake (meta) implementations live in Python, where symbolic shapes come for free.
+  m.set_python_module("attnlab._ops");
+  m.def(
+      "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
+      "Tensor? attn_mask=None, bool is_causal=False, float? scale=None, "
+      "bool need_weights=False) -> (Tensor output, Tensor weights)");
+  m.def(
+      "_sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
+      "bool is_causal, float? scale, bool need_weights) "
+      "-> (Tensor output, Tensor logsumexp, Tensor weights)");
+  m.def(
+      "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
+      "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp) "
+      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+}
+
+TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {
+  m.impl("scaled_dot_product_attention", &attnlab::sdpa_composite);
+}
+
+TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
+  m.impl("_sdpa_forward", &attnlab::sdpa_forward_cpu);
+  m.impl("_sdpa_backward", &attnlab::sdpa_backward_cpu);
+}

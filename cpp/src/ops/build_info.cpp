@@ -1,0 +1,16 @@
+#include "attnlab/build_info.h"
+
+namespace attnlab {
+
+BuildInfo build_info() {
+  BuildInfo info;
+  info.version = ATTNLAB_VERSION;
+  info.torch_version = ATTNLAB_TORCH_VERSION;
+#ifdef ATTNLAB_WITH_CUDA
+  info.cuda = true;
+#endif
+  info.cuda_archs = ATTNLAB_CUDA_ARCHS;
+  return info;
+}
+
+}  // namespace attnlab

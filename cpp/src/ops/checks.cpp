@@ -1,0 +1,123 @@
+#include "ops/checks.h"
+
+#include <cmath>
+#include <sstream>
+
+#include <c10/util/Exception.h>
+
+namespace attnlab::checks {
+namespace {
+
+constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
+
+std::string shape_str(at::IntArrayRef shape) {
+  std::ostringstream out;
+  out << shape;
+  return out.str();
+}
+
+void floating_input(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.defined(), kSdpa, ": ", name, " is an undefined tensor");
+  TORCH_CHECK(t.dim() >= 2, kSdpa, ": ", name,
+              " must have at least 2 dimensions [..., length, features], got shape ",
+              shape_str(t.sizes()));
+  const auto dtype = t.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, kSdpa, ": ", name,
+              " must be float32 or float64, got ", dtype);
+}
+
+// Right-aligned broadcast of `b` into `a`, as torch broadcasting does.
+std::optional<std::vector<int64_t>> broadcast(at::IntArrayRef a, at::IntArrayRef b) {
+  std::vector<int64_t> out(std::max(a.size(), b.size()));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const int64_t da = i < a.size() ? a[a.size() - 1 - i] : 1;
+    const int64_t db = i < b.size() ? b[b.size() - 1 - i] : 1;
+    if (da != db && da != 1 && db != 1) return std::nullopt;
+    out[out.size() - 1 - i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+}  // namespace
+
+void sdpa_kinds(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  floating_input(query, "query");
+  floating_input(key, "key");
+  floating_input(value, "value");
+  for (const auto& [t, name] : {std::pair{&key, "key"}, std::pair{&value, "value"}}) {
+    TORCH_CHECK(t->scalar_type() == query.scalar_type(), kSdpa, ": ", name, " has dtype ",
+                t->scalar_type(), " but query has ", query.scalar_type(),
+                "; all three inputs must share one dtype");
+    TORCH_CHECK(t->device() == query.device(), kSdpa, ": ", name, " is on ", t->device(),
+                " but query is on ", query.device(), "; all inputs must be on one device");
+  }
+  if (attn_mask && attn_mask->defined()) {
+    const auto& mask = *attn_mask;
+    TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), kSdpa,
+                ": attn_mask must be bool (true = may attend) or floating point (added to the "
+                "scores), got ",
+                mask.scalar_type());
+    TORCH_CHECK(mask.device() == query.device(), kSdpa, ": attn_mask is on ", mask.device(),
+                " but query is on ", query.device());
+  }
+  if (scale) {
+    TORCH_CHECK(std::isfinite(*scale), kSdpa, ": scale must be a finite number, got ", *scale);
+  }
+}
+
+std::vector<int64_t> sdpa_inputs(const at::Tensor& query, const at::Tensor& key,
+                                 const at::Tensor& value,
+                                 const std::optional<at::Tensor>& attn_mask,
+                                 std::optional<double> scale) {
+  sdpa_kinds(query, key, value, attn_mask, scale);
+  const int64_t len_q = query.size(-2), len_k = key.size(-2);
+  TORCH_CHECK(query.size(-1) > 0, kSdpa, ": query must have at least one feature, got shape ",
+              shape_str(query.sizes()));
+  TORCH_CHECK(key.size(-1) == query.size(-1), kSdpa, ": key has ", key.size(-1),
+              " features per position but query has ", query.size(-1));
+  TORCH_CHECK(value.size(-2) == len_k, kSdpa, ": value has ", value.size(-2),
+              " positions but key has ", len_k, "; they must match");
+
+  const auto q_batch = query.sizes().slice(0, query.dim() - 2);
+  const auto k_batch = key.sizes().slice(0, key.dim() - 2);
+  const auto v_batch = value.sizes().slice(0, value.dim() - 2);
+  auto qk = broadcast(q_batch, k_batch);
+  TORCH_CHECK(qk, kSdpa, ": batch dimensions of query ", shape_str(q_batch), " and key ",
+              shape_str(k_batch), " are not broadcastable");
+  auto batch = broadcast(*qk, v_batch);
+  TORCH_CHECK(batch, kSdpa, ": batch dimensions of value ", shape_str(v_batch),
+              " are not broadcastable with those of query and key ", shape_str(*qk));
+
+  if (attn_mask && attn_mask->defined()) {
+    std::vector<int64_t> weights_shape = *batch;
+    weights_shape.push_back(len_q);
+    weights_shape.push_back(len_k);
+    const auto mask_shape = attn_mask->sizes();
+    auto merged = broadcast(weights_shape, mask_shape);
+    TORCH_CHECK(merged && *merged == weights_shape, kSdpa, ": attn_mask of shape ",
+                shape_str(mask_shape), " is not broadcastable to the attention weights' shape ",
+                shape_str(weights_shape), " [..., L_q, L_k]");
+  }
+  return *batch;
+}
+
+void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& output,
+                          const at::Tensor& logsumexp, at::IntArrayRef batch_shape,
+                          int64_t len_q, int64_t dim_v) {
+  std::vector<int64_t> out_shape(batch_shape.begin(), batch_shape.end());
+  out_shape.push_back(len_q);
+  TORCH_CHECK(logsumexp.sizes() == at::IntArrayRef(out_shape), kSdpa,
+              " backward: logsumexp has shape ", shape_str(logsumexp.sizes()), ", expected ",
+              shape_str(out_shape));
+  out_shape.push_back(dim_v);
+  for (const auto& [t, name] :
+       {std::pair{&grad_output, "grad_output"}, std::pair{&output, "output"}}) {
+    TORCH_CHECK(t->sizes() == at::IntArrayRef(out_shape), kSdpa, " backward: ", name,
+                " has shape ", shape_str(t->sizes()), ", expected ", shape_str(out_shape));
+    TORCH_CHECK(t->scalar_type() == output.scalar_type(), kSdpa, " backward: ", name,
+                " has dtype ", t->scalar_type(), ", expected ", output.scalar_type());
+  }
+}
+
+}  // namespace attnlab::checks

@@ -1,0 +1,26 @@
+#pragma once
+// Argument checks, one place per operator. Every message names the operator, the argument,
+// what was expected and what was given.
+
+#include <optional>
+
+#include <ATen/Tensor.h>
+
+namespace attnlab::checks {
+
+// Rank, dtype and device agreement only: safe on fake tensors with symbolic sizes.
+void sdpa_kinds(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                const std::optional<at::Tensor>& attn_mask, std::optional<double> scale);
+
+// Everything, including sizes; returns the broadcast batch shape of query, key and value.
+std::vector<int64_t> sdpa_inputs(const at::Tensor& query, const at::Tensor& key,
+                                 const at::Tensor& value,
+                                 const std::optional<at::Tensor>& attn_mask,
+                                 std::optional<double> scale);
+
+// The backward's extra tensors against the forward's inputs.
+void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& output,
+                          const at::Tensor& logsumexp, at::IntArrayRef batch_shape,
+                          int64_t len_q, int64_t dim_v);
+
+}  // namespace attnlab::checks

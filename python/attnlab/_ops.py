@@ -1,0 +1,25 @@
+"""Fake (meta) implementations of the C++ operators, for torch.compile, torch.export and
+FakeTensor tracing. Output shapes and strides match the C++ kernels: contiguous outputs at
+the broadcast batch shape."""
+
+import torch
+
+
+def _batch_shape(query, key, value):
+    return torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2])
+
+
+@torch.library.register_fake("attnlab::_sdpa_forward")
+def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weights):
+    batch = _batch_shape(query, key, value)
+    len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
+    output = query.new_empty((*batch, len_q, dim_v))
+    logsumexp = query.new_empty((*batch, len_q))
+    weights = query.new_empty((*batch, len_q, len_k) if need_weights else (0,))
+    return output, logsumexp, weights
+
+
+@torch.library.register_fake("attnlab::_sdpa_backward")
+def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale, output,
+                        logsumexp):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)

@@ -1,0 +1,29 @@
+"""Functional attention ops: thin wrappers over torch.ops.attnlab."""
+
+from __future__ import annotations
+
+import torch
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                                 scale: float | None = None, need_weights: bool = False):
+    """softmax(query @ key.transpose(-2, -1) * scale + mask) @ value.
+
+    Args:
+        query: ``[..., L_q, E]``; key: ``[..., L_k, E]``; value: ``[..., L_k, E_v]``. Leading
+            (batch) dimensions broadcast, as in ``torch.nn.functional.scaled_dot_product_attention``.
+        attn_mask: boolean (``True`` = may attend) or floating point (added to the scores),
+            broadcastable to ``[..., L_q, L_k]``. Masks receive no gradient.
+        is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as in PyTorch); may be
+            combined with ``attn_mask``.
+        scale: multiplies the scores; ``1/sqrt(E)`` when ``None``.
+        need_weights: also return the normalized attention weights ``[..., L_q, L_k]``.
+
+    Returns:
+        ``(output, weights)``: output ``[..., L_q, E_v]``; weights, or ``None`` unless
+        ``need_weights``. A query whose keys are all masked gets a zero output and zero weights.
+    """
+    output, weights = torch.ops.attnlab.scaled_dot_product_attention(
+        query, key, value, attn_mask, is_causal, scale, need_weights)
+    return output, (weights if need_weights else None)

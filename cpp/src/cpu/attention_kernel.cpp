@@ -103,6 +103,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   const int64_t block_q = forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
+    SequentialBlasScope sequential_blas;
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
     std::vector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
     for (int64_t task = begin; task < end; ++task) {
@@ -153,6 +154,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   std::vector<T> dq_parts((chunks - 1) * dq_size, T(0));
 
   at::parallel_for(0, p.batch * chunks, 1, [&](int64_t begin, int64_t end) {
+    SequentialBlasScope sequential_blas;
     std::vector<T> probs(kBackwardQueryBlock * kBackwardKeyBlock);
     std::vector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
     constexpr int64_t ld = kBackwardKeyBlock;

@@ -12,9 +12,29 @@ void sgemm_(const char* transa, const char* transb, const int* m, const int* n, 
 void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
             const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
             const double* beta, double* c, const int* ldc);
+// MKL's C entry point behind mkl_set_num_threads_local (mkl_service.h maps the name; the
+// lower-case symbol is the Fortran one, taking a pointer). Weak: absent with other BLAS.
+int MKL_Set_Num_Threads_Local(int nthreads) __attribute__((weak));
 }
 
 namespace attnlab::cpu {
+
+// Within its scope this thread's BLAS calls run sequentially: the kernels call BLAS on small
+// blocks from inside at::parallel_for, where a threaded BLAS would only add fork/join overhead.
+class SequentialBlasScope {
+ public:
+  SequentialBlasScope() {
+    if (MKL_Set_Num_Threads_Local) previous_ = MKL_Set_Num_Threads_Local(1);
+  }
+  ~SequentialBlasScope() {
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous_);
+  }
+  SequentialBlasScope(const SequentialBlasScope&) = delete;
+  SequentialBlasScope& operator=(const SequentialBlasScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
 
 // C[m×n] = alpha·op(A)·op(B) + beta·C, all row-major with leading dimensions lda, ldb, ldc.
 // op(X) = Xᵀ when trans_x. A row-major matrix is the column-major matrix of its transpose, so

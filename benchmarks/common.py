@@ -1,0 +1,47 @@
+"""Shared timing and reporting helpers for the benchmark scripts."""
+
+import platform
+import statistics
+import subprocess
+
+import torch
+from torch.utils.benchmark import Timer
+
+
+def median_seconds(fn, min_run_time=0.5):
+    """Median time of fn() over repeated runs after a warm-up (torch.utils.benchmark)."""
+    for _ in range(3):
+        fn()
+    return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
+
+
+def compare(fns, min_run_time=0.5, rounds=5):
+    """Median seconds of each function, measured in alternating rounds so that a slow spell of
+    the machine hits all of them alike."""
+    for fn in fns:
+        for _ in range(3):
+            fn()
+    samples = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, times in zip(fns, samples):
+            timer = Timer(stmt="fn()", globals={"fn": fn})
+            times.append(timer.blocked_autorange(min_run_time=min_run_time / rounds).median)
+    return [statistics.median(times) for times in samples]
+
+
+def machine_description():
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return (f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+            f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+
+
+def markdown_table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

@@ -21,5 +21,5 @@ def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weig
 
 @torch.library.register_fake("attnlab::_sdpa_backward")
 def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale, output,
-                        logsumexp):
+                        logsumexp, weights=None):
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)

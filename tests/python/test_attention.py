@@ -92,11 +92,14 @@ def test_random_case_matches_reference(seed):
     assert not torch.isnan(output).any()
 
 
+@pytest.mark.parametrize("need_weights", [False, True])
 @pytest.mark.parametrize("seed", range(0, RANDOM_CASES, 4))
-def test_random_case_gradients_match_reference(seed):
+def test_random_case_gradients_match_reference(seed, need_weights):
+    # With need_weights the backward reads the stored weights instead of recomputing them.
     case = random_case(seed)
     inputs = {name: case[name].detach().requires_grad_() for name in ("query", "key", "value")}
-    output, _ = attnlab.scaled_dot_product_attention(**{**case, **inputs})
+    output, _ = attnlab.scaled_dot_product_attention(**{**case, **inputs},
+                                                     need_weights=need_weights)
     grad_output = torch.randn_like(output)
     grads = torch.autograd.grad(output, list(inputs.values()), grad_output)
 

@@ -45,6 +45,15 @@ def test_gradcheck_broadcast_key_and_value():
         lambda q, k, v: attnlab.scaled_dot_product_attention(q, k, v)[0], (q, k, v))
 
 
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_gradcheck_with_stored_weights(is_causal):
+    q, k, v = _inputs((2,), 4, 6, 3, 2)
+    mask = torch.rand(4, 6) > 0.3
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: attnlab.scaled_dot_product_attention(q, k, v, mask, is_causal,
+                                                             need_weights=True)[0], (q, k, v))
+
+
 def test_weights_are_not_differentiable_but_output_is():
     q, k, v = _inputs((2,), 3, 4, 5, 2, dtype=torch.float32)
     output, weights = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True)
@@ -74,9 +83,11 @@ def test_opcheck_public_operator(case):
 def test_opcheck_forward_and_backward_operators(case):
     args = _opcheck_args(case, requires_grad=False)
     torch.library.opcheck(torch.ops.attnlab._sdpa_forward.default, args)
-    output, lse, _ = torch.ops.attnlab._sdpa_forward(*args)
-    torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default,
-                          (torch.randn_like(output), *args[:6], output, lse))
+    output, lse, weights = torch.ops.attnlab._sdpa_forward(*args)
+    backward_args = (torch.randn_like(output), *args[:6], output, lse)
+    torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default, backward_args)
+    if case["need_weights"]:
+        torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default, (*backward_args, weights))
 
 
 def test_torch_compile_fullgraph_matches_eager():

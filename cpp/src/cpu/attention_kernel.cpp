@@ -126,8 +126,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
 
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
-                        const T* output, const T* logsumexp, T* grad_query, T* grad_key,
-                        T* grad_value) {
+                        const T* output, const T* logsumexp, const T* weights, T* grad_query,
+                        T* grad_key, T* grad_value) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
   std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
   std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
@@ -155,7 +155,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
 
   at::parallel_for(0, p.batch * chunks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
-    std::vector<T> probs(kBackwardQueryBlock * kBackwardKeyBlock);
+    std::vector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
     std::vector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
     constexpr int64_t ld = kBackwardKeyBlock;
     for (int64_t task = begin; task < end; ++task) {
@@ -175,18 +175,26 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           const int64_t rows = std::min(kBackwardQueryBlock, p.len_q - i0);
           const T* q = p.query.row(b, i0);
           const T* dout = grad_output.row(b, i0);
-          gemm(false, true, rows, cols, E, p.scale, q, p.query.row_stride, p.key.row(b, j0),
-               p.key.row_stride, T(0), probs.data(), ld);
-          probs_from_lse(probs.data(), rows, cols, ld, mask_block(p, b, i0, j0),
-                         p.mask.row_stride, visible_base(p, i0, j0),
-                         logsumexp + b * p.len_q + i0);
+          // P_ij: the forward's weights when it kept them, else recomputed from the scores.
+          const T* probs_ij = probs.data();
+          int64_t ld_probs = ld;
+          if (weights) {
+            probs_ij = weights + (b * p.len_q + i0) * p.len_k + j0;
+            ld_probs = p.len_k;
+          } else {
+            gemm(false, true, rows, cols, E, p.scale, q, p.query.row_stride, p.key.row(b, j0),
+                 p.key.row_stride, T(0), probs.data(), ld);
+            probs_from_lse(probs.data(), rows, cols, ld, mask_block(p, b, i0, j0),
+                           p.mask.row_stride, visible_base(p, i0, j0),
+                           logsumexp + b * p.len_q + i0);
+          }
           // dV_j += Pᵀ·dO_i
-          gemm(true, false, cols, Ev, rows, T(1), probs.data(), ld, dout,
+          gemm(true, false, cols, Ev, rows, T(1), probs_ij, ld_probs, dout,
                grad_output.row_stride, T(1), dv, Ev);
           // dP = dO_i·V_jᵀ, then dS = P ⊙ (dP − delta)
           gemm(false, true, rows, cols, Ev, T(1), dout, grad_output.row_stride,
                p.value.row(b, j0), p.value.row_stride, T(0), dprobs.data(), ld);
-          softmax_grad_block(probs.data(), dprobs.data(), rows, cols, ld,
+          softmax_grad_block(probs_ij, ld_probs, dprobs.data(), ld, rows, cols,
                              delta.data() + b * p.len_q + i0);
           // dK_j += scale·dSᵀ·Q_i ;  dQ_i += scale·dS·K_j
           gemm(true, false, cols, E, rows, p.scale, dprobs.data(), ld, q, p.query.row_stride,
@@ -213,9 +221,10 @@ template void attention_forward<double>(const AttentionProblem<double>&, double*
                                         double*);
 template void attention_backward<float>(const AttentionProblem<float>&,
                                         const BatchedRows<float>&, const float*, const float*,
-                                        float*, float*, float*);
+                                        const float*, float*, float*, float*);
 template void attention_backward<double>(const AttentionProblem<double>&,
                                          const BatchedRows<double>&, const double*,
-                                         const double*, double*, double*, double*);
+                                         const double*, const double*, double*, double*,
+                                         double*);
 
 }  // namespace attnlab::cpu

@@ -4,14 +4,7 @@
 #include <cmath>
 #include <cstring>
 
-// Each entry point is compiled once per instruction set and picked at load time (GCC function
-// multi-versioning), so the loops below vectorize with AVX-512 or AVX2 where the CPU has them.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ATTNLAB_ISA_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define ATTNLAB_ISA_CLONES
-#endif
-#define ATTNLAB_INLINE inline __attribute__((always_inline))
+#include "cpu/isa.h"
 
 namespace attnlab::cpu {
 namespace {
@@ -50,6 +43,81 @@ ATTNLAB_INLINE int64_t visible_cols(int64_t visible_base, int64_t r, int64_t col
   return std::clamp<int64_t>(visible_base + r, 0, cols);
 }
 
+// Elements per 64-byte vector: the exp loops run in whole chunks of this many.
+template <typename T>
+constexpr int64_t kChunk = 64 / sizeof(T);
+
+// x[j] = exp(x[j] − shift) over one chunk; returns the chunk's sum.
+template <typename T>
+ATTNLAB_INLINE T exp_shift_chunk(T* x, T shift) {
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < kChunk<T>; ++j) {
+    const T e = exp_nonpositive(x[j] - shift);
+    x[j] = e;
+    sum += e;
+  }
+  return sum;
+}
+
+// The row loops run over whole chunks: GCC's loop remainders are scalar (and its max-reduction
+// remainder stalls on store forwarding), while short rows (L = 10, 16, causal rows) are mostly
+// remainder. A row's visible part is therefore padded with −inf up to a whole chunk when the
+// row owns the room (`capacity` elements); otherwise the last chunk goes through a copy.
+// Returns the length to process: a multiple of the chunk, or n itself without room.
+template <typename T>
+ATTNLAB_INLINE int64_t pad_to_chunks(T* x, int64_t n, int64_t capacity) {
+  const int64_t padded = (n + kChunk<T> - 1) / kChunk<T> * kChunk<T>;
+  if (padded > capacity) return n;
+  for (int64_t c = n; c < padded; ++c) x[c] = -std::numeric_limits<T>::infinity();
+  return padded;
+}
+
+// Applies `chunk_fn` to every whole chunk of x[0, n); a last partial chunk goes through a
+// −inf-padded copy whose first n % chunk entries are copied back.
+template <typename T, typename ChunkFn>
+ATTNLAB_INLINE void for_each_chunk(T* x, int64_t n, ChunkFn&& chunk_fn) {
+  constexpr int64_t L = kChunk<T>;
+  int64_t c = 0;
+  for (; c + L <= n; c += L) chunk_fn(x + c);
+  if (c == n) return;
+  T tail[L];
+  for (int64_t j = 0; j < L; ++j) tail[j] = c + j < n ? x[c + j] : -std::numeric_limits<T>::infinity();
+  chunk_fn(tail);
+  for (int64_t j = 0; j < n - c; ++j) x[c + j] = tail[j];
+}
+
+template <typename T>
+ATTNLAB_INLINE T max_of(T* x, int64_t n) {
+  T lanes[kChunk<T>];
+  std::fill(lanes, lanes + kChunk<T>, -std::numeric_limits<T>::infinity());
+  for_each_chunk(x, n, [&](const T* chunk) {
+    for (int64_t j = 0; j < kChunk<T>; ++j) lanes[j] = chunk[j] > lanes[j] ? chunk[j] : lanes[j];
+  });
+  T result = lanes[0];
+  for (int64_t j = 1; j < kChunk<T>; ++j) result = lanes[j] > result ? lanes[j] : result;
+  return result;
+}
+
+// x[c] = exp(x[c] − shift) for c < n; returns the sum.
+template <typename T>
+ATTNLAB_INLINE T exp_shift_sum(T* x, int64_t n, T shift) {
+  T sum = 0;
+  for_each_chunk(x, n, [&](T* chunk) { sum += exp_shift_chunk(chunk, shift); });
+  return sum;
+}
+
+template <typename T>
+ATTNLAB_INLINE void zero_from(T* x, int64_t from, int64_t to) {
+  for (int64_t c = from; c < to; ++c) x[c] = T(0);
+}
+
+template <typename T>
+ATTNLAB_INLINE void add_mask_row(T* x, const T* mask, int64_t n) {
+#pragma omp simd
+  for (int64_t c = 0; c < n; ++c) x[c] += mask[c];
+}
+
 template <typename T>
 ATTNLAB_INLINE void online_softmax_block_impl(T* s, int64_t rows, int64_t cols, int64_t ld,
                                               const T* mask, int64_t mask_ld,
@@ -59,33 +127,22 @@ ATTNLAB_INLINE void online_softmax_block_impl(T* s, int64_t rows, int64_t cols, 
   for (int64_t r = 0; r < rows; ++r) {
     T* x = s + r * ld;
     const int64_t visible = visible_cols(visible_base, r, cols);
-    if (mask) {
-      const T* m = mask + r * mask_ld;
-#pragma omp simd
-      for (int64_t c = 0; c < visible; ++c) x[c] += m[c];
-    }
-    T block_max = kNegInf;
-#pragma omp simd reduction(max : block_max)
-    for (int64_t c = 0; c < visible; ++c) block_max = x[c] > block_max ? x[c] : block_max;
+    if (mask) add_mask_row(x, mask + r * mask_ld, visible);
+    const int64_t width = pad_to_chunks(x, visible, ld);
     const T old_max = row_max[r];
+    const T block_max = max_of(x, width);
     const T new_max = block_max > old_max ? block_max : old_max;
     if (new_max == kNegInf) {
       // Nothing visible yet. The max skips NaN, so look for one: NaN must not turn into zeros.
       bool has_nan = false;
       for (int64_t c = 0; c < visible; ++c) has_nan |= std::isnan(x[c]);
-      std::fill(x, x + cols, has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
+      std::fill(x, x + std::max(width, cols), has_nan ? std::numeric_limits<T>::quiet_NaN() : T(0));
       if (has_nan) row_sum[r] = std::numeric_limits<T>::quiet_NaN();
       correction[r] = T(1);
       continue;
     }
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < visible; ++c) {
-      const T e = exp_nonpositive(x[c] - new_max);
-      x[c] = e;
-      sum += e;
-    }
-    std::fill(x + visible, x + cols, T(0));
+    const T sum = exp_shift_sum(x, width, new_max);
+    zero_from(x, width, cols);
     const T alpha = exp_nonpositive(old_max - new_max);
     correction[r] = alpha;
     row_sum[r] = row_sum[r] * alpha + sum;
@@ -103,24 +160,19 @@ ATTNLAB_INLINE void probs_from_lse_impl(T* s, int64_t rows, int64_t cols, int64_
     const int64_t visible = l == -std::numeric_limits<T>::infinity()
                                 ? 0
                                 : visible_cols(visible_base, r, cols);
-    if (mask) {
-      const T* m = mask + r * mask_ld;
-#pragma omp simd
-      for (int64_t c = 0; c < visible; ++c) x[c] = exp_nonpositive(x[c] + m[c] - l);
-    } else {
-#pragma omp simd
-      for (int64_t c = 0; c < visible; ++c) x[c] = exp_nonpositive(x[c] - l);
-    }
-    std::fill(x + visible, x + cols, T(0));
+    if (mask) add_mask_row(x, mask + r * mask_ld, visible);
+    const int64_t width = pad_to_chunks(x, visible, ld);
+    exp_shift_sum(x, width, l);
+    zero_from(x, width, cols);
   }
 }
 
 template <typename T>
-ATTNLAB_INLINE void softmax_grad_block_impl(const T* p, T* dp, int64_t rows, int64_t cols,
-                                            int64_t ld, const T* delta) {
+ATTNLAB_INLINE void softmax_grad_block_impl(const T* p, int64_t ldp, T* dp, int64_t lddp,
+                                            int64_t rows, int64_t cols, const T* delta) {
   for (int64_t r = 0; r < rows; ++r) {
-    const T* pr = p + r * ld;
-    T* dr = dp + r * ld;
+    const T* pr = p + r * ldp;
+    T* dr = dp + r * lddp;
     const T d = delta[r];
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) dr[c] = pr[c] * (dr[c] - d);
@@ -168,9 +220,9 @@ ATTNLAB_INLINE void row_dots_impl(const T* a, int64_t lda, const T* b, int64_t l
                                          const T* lse) {                                       \
     probs_from_lse_impl(s, rows, cols, ld, mask, mask_ld, visible_base, lse);                  \
   }                                                                                            \
-  ATTNLAB_ISA_CLONES void softmax_grad_block(const T* p, T* dp, int64_t rows, int64_t cols,    \
-                                             int64_t ld, const T* delta) {                     \
-    softmax_grad_block_impl(p, dp, rows, cols, ld, delta);                                     \
+  ATTNLAB_ISA_CLONES void softmax_grad_block(const T* p, int64_t ldp, T* dp, int64_t lddp,   \
+                                             int64_t rows, int64_t cols, const T* delta) {     \
+    softmax_grad_block_impl(p, ldp, dp, lddp, rows, cols, delta);                              \
   }                                                                                            \
   ATTNLAB_ISA_CLONES void scale_rows(T* x, int64_t rows, int64_t cols, int64_t ld,             \
                                      const T* factor) {                                        \

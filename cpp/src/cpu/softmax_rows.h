@@ -33,11 +33,11 @@ void probs_from_lse(float* s, int64_t rows, int64_t cols, int64_t ld, const floa
 void probs_from_lse(double* s, int64_t rows, int64_t cols, int64_t ld, const double* mask,
                     int64_t mask_ld, int64_t visible_base, const double* lse);
 
-// dP → dS = P ⊙ (dP − delta[r]), in place in dp (same leading dimension as p).
-void softmax_grad_block(const float* p, float* dp, int64_t rows, int64_t cols, int64_t ld,
-                        const float* delta);
-void softmax_grad_block(const double* p, double* dp, int64_t rows, int64_t cols, int64_t ld,
-                        const double* delta);
+// dP → dS = P ⊙ (dP − delta[r]), in place in dp.
+void softmax_grad_block(const float* p, int64_t ldp, float* dp, int64_t lddp, int64_t rows,
+                        int64_t cols, const float* delta);
+void softmax_grad_block(const double* p, int64_t ldp, double* dp, int64_t lddp, int64_t rows,
+                        int64_t cols, const double* delta);
 
 // Multiplies each row r by factor[r].
 void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* factor);

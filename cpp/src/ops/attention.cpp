@@ -3,6 +3,10 @@
 
 #include <cmath>
 
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/autograd.h>
@@ -25,6 +29,22 @@ std::vector<int64_t> with_tail(at::IntArrayRef batch, std::initializer_list<int6
   std::vector<int64_t> shape(batch.begin(), batch.end());
   shape.insert(shape.end(), tail);
   return shape;
+}
+
+// An empty tensor for the attention weights. Large ones are backed by transparent huge pages
+// where the kernel allows it: the buffer is written once in full, and first-touch page faults
+// on 4 KiB pages otherwise cost several times the softmax itself.
+Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
+  Tensor weights = at::empty(shape, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHugePage = uintptr_t(1) << 21;
+  const auto begin = reinterpret_cast<uintptr_t>(weights.data_ptr());
+  const uintptr_t end = begin + weights.nbytes();
+  const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t last = end & ~(kHugePage - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#endif
+  return weights;
 }
 
 // Keeps t's memory when each matrix row is contiguous and rows do not overlap, so that BLAS can
@@ -124,7 +144,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
   const auto options = query.options();
   Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
   Tensor lse = at::empty(with_tail(batch, {len_q}), options);
-  Tensor weights = need_weights ? at::empty(with_tail(batch, {len_q, len_k}), options)
+  Tensor weights = need_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
                                 : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_forward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
@@ -138,11 +158,14 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
 std::tuple<Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    const Tensor& output, const Tensor& logsumexp) {
+    const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
-  checks::sdpa_backward_inputs(grad_output, output, logsumexp, batch, len_q, dim_v);
+  checks::sdpa_backward_inputs(grad_output, output, logsumexp, weights, batch, len_q, len_k,
+                               dim_v);
+  // The forward's weights, when it kept them, replace recomputing the probabilities.
+  const Tensor probs = weights && weights->numel() > 0 ? weights->contiguous() : Tensor();
   const auto options = query.options();
   Tensor grad_q = at::empty(with_tail(batch, {len_q, dim_qk}), options);
   Tensor grad_k = at::empty(with_tail(batch, {len_k, dim_qk}), options);
@@ -154,7 +177,8 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const auto grad = batched_rows<scalar_t>(grad_rows, batch, grad_offsets);
     cpu::attention_backward<scalar_t>(
         prepared.problem, grad, output.contiguous().data_ptr<scalar_t>(),
-        logsumexp.contiguous().data_ptr<scalar_t>(), grad_q.data_ptr<scalar_t>(),
+        logsumexp.contiguous().data_ptr<scalar_t>(),
+        probs.defined() ? probs.data_ptr<scalar_t>() : nullptr, grad_q.data_ptr<scalar_t>(),
         grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>());
   });
   // Inputs that were broadcast over batch dimensions receive the sum over those dimensions.
@@ -187,10 +211,15 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                 bool need_weights) {
     auto [output, lse, weights] =
         forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
-    ctx->save_for_backward({query, key, value, output, lse, attn_mask.value_or(Tensor())});
+    // With need_weights the weights exist anyway: the backward reads them instead of
+    // recomputing the probabilities.
+    ctx->save_for_backward({query, key, value, output, lse, attn_mask.value_or(Tensor()),
+                            need_weights ? weights : Tensor()});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->mark_non_differentiable({weights});
+    // No zero-filled [..., L_q, L_k] gradient for the weights: backward takes undefined grads.
+    ctx->set_materialize_grads(false);
     return {output, weights};
   }
 
@@ -200,11 +229,13 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     const Tensor& grad_output = grads[0];
     torch::autograd::variable_list result(7);
     if (!grad_output.defined()) return result;
-    std::optional<Tensor> mask;
-    if (saved[5].defined()) mask = saved[5];
+    const auto optional = [](const Tensor& t) {
+      return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
+    };
     auto [dq, dk, dv] = backward_op().call(
-        grad_output, saved[0], saved[1], saved[2], mask, ctx->saved_data["is_causal"].toBool(),
-        ctx->saved_data["scale"].toOptional<double>(), saved[3], saved[4]);
+        grad_output, saved[0], saved[1], saved[2], optional(saved[5]),
+        ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toOptional<double>(),
+        saved[3], saved[4], optional(saved[6]));
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
@@ -252,8 +283,8 @@ TORCH_LIBRARY(attnlab, m) {
       "-> (Tensor output, Tensor logsumexp, Tensor weights)");
   m.def(
       "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
-      "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp) "
-      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp, "
+      "Tensor? weights=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {

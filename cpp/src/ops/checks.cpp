@@ -103,10 +103,21 @@ std::vector<int64_t> sdpa_inputs(const at::Tensor& query, const at::Tensor& key,
 }
 
 void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& output,
-                          const at::Tensor& logsumexp, at::IntArrayRef batch_shape,
-                          int64_t len_q, int64_t dim_v) {
+                          const at::Tensor& logsumexp, const std::optional<at::Tensor>& weights,
+                          at::IntArrayRef batch_shape, int64_t len_q, int64_t len_k,
+                          int64_t dim_v) {
   std::vector<int64_t> out_shape(batch_shape.begin(), batch_shape.end());
   out_shape.push_back(len_q);
+  if (weights && weights->numel() > 0) {
+    auto weights_shape = out_shape;
+    weights_shape.push_back(len_k);
+    TORCH_CHECK(weights->sizes() == at::IntArrayRef(weights_shape), kSdpa,
+                " backward: weights has shape ", shape_str(weights->sizes()), ", expected ",
+                shape_str(weights_shape));
+    TORCH_CHECK(weights->scalar_type() == output.scalar_type(), kSdpa,
+                " backward: weights has dtype ", weights->scalar_type(), ", expected ",
+                output.scalar_type());
+  }
   TORCH_CHECK(logsumexp.sizes() == at::IntArrayRef(out_shape), kSdpa,
               " backward: logsumexp has shape ", shape_str(logsumexp.sizes()), ", expected ",
               shape_str(out_shape));

@@ -20,7 +20,8 @@ std::vector<int64_t> sdpa_inputs(const at::Tensor& query, const at::Tensor& key,
 
 // The backward's extra tensors against the forward's inputs.
 void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& output,
-                          const at::Tensor& logsumexp, at::IntArrayRef batch_shape,
-                          int64_t len_q, int64_t dim_v);
+                          const at::Tensor& logsumexp, const std::optional<at::Tensor>& weights,
+                          at::IntArrayRef batch_shape, int64_t len_q, int64_t len_k,
+                          int64_t dim_v);
 
 }  // namespace attnlab::checks

@@ -1,0 +1,174 @@
+#include "cpu/blas.h"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "cpu/isa.h"
+
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+void dgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const double* alpha, const double* a, const int* lda, const double* b, const int* ldb,
+            const double* beta, double* c, const int* ldc);
+// MKL's C entry point behind mkl_set_num_threads_local (mkl_service.h maps the name; the
+// lower-case symbol is the Fortran one, taking a pointer). Weak: absent with other BLAS.
+int MKL_Set_Num_Threads_Local(int nthreads) __attribute__((weak));
+}
+
+namespace attnlab::cpu {
+namespace {
+
+// Products up to this many multiply-adds, whose packed B fits kPackedElements, use the small
+// kernel. The threshold is where the two measured equal on an AVX-512 core (see
+// benchmarks/RESULTS.md).
+constexpr int64_t kSmallWork = 64 * 64 * 64;
+constexpr int64_t kPackedBytes = 32 * 1024;
+
+// One 64-byte vector of T (GCC vector extension; narrower ISAs split it). Spelled out per type:
+// GCC ignores vector_size on a dependent alias template.
+template <typename T>
+struct Vector64;
+template <>
+struct Vector64<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct Vector64<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T>
+using Vec = typename Vector64<T>::type;
+template <typename T>
+constexpr int64_t kLanes = 64 / sizeof(T);
+static_assert(sizeof(Vec<float>) == 64 && sizeof(Vec<double>) == 64);
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// R rows of C, one vector of columns: acc[r] = Σ_p op(A)[i0 + r, p]·Bp[p, j0 : j0 + lanes].
+template <typename T, int R>
+ATTNLAB_INLINE void small_gemm_tile(bool trans_a, int64_t cols, int64_t k, T alpha,
+                                    const T* a, int64_t lda, const T* packed, int64_t ldp,
+                                    T beta, T* c, int64_t ldc) {
+  Vec<T> acc[R] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    Vec<T> bv;
+    std::memcpy(&bv, packed + p * ldp, sizeof(bv));
+    for (int r = 0; r < R; ++r) {
+      const T ar = trans_a ? a[p * lda + r] : a[r * lda + p];
+      acc[r] += ar * bv;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    T out[kLanes<T>];
+    std::memcpy(out, &acc[r], sizeof(out));
+    T* cr = c + r * ldc;
+    if (beta == T(0)) {
+      for (int64_t j = 0; j < cols; ++j) cr[j] = alpha * out[j];
+    } else {
+      for (int64_t j = 0; j < cols; ++j) cr[j] = alpha * out[j] + beta * cr[j];
+    }
+  }
+}
+
+template <typename T>
+ATTNLAB_INLINE void small_gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                    T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
+                                    T beta, T* c, int64_t ldc) {
+  constexpr int64_t L = kLanes<T>;
+  // op(B) packed as k rows of round_up(n, L) columns, zero-padded, so every load is a whole
+  // vector.
+  const int64_t ldp = round_up(n, L);
+  alignas(64) T packed[kPackedBytes / sizeof(T)];
+  for (int64_t p = 0; p < k; ++p) {
+    T* row = packed + p * ldp;
+    if (trans_b) {
+      for (int64_t j = 0; j < n; ++j) row[j] = b[j * ldb + p];
+    } else {
+      std::memcpy(row, b + p * ldb, n * sizeof(T));
+    }
+    std::fill(row + n, row + ldp, T(0));
+  }
+  constexpr int R = 6;  // rows per tile: 6 accumulators + 1 B vector stay in registers
+  for (int64_t j0 = 0; j0 < n; j0 += L) {
+    const int64_t cols = std::min(L, n - j0);
+    const auto tile = [&]<int Rows>(int64_t i0) {
+      const T* ai = trans_a ? a + i0 : a + i0 * lda;
+      small_gemm_tile<T, Rows>(trans_a, cols, k, alpha, ai, lda, packed + j0, ldp, beta,
+                               c + i0 * ldc + j0, ldc);
+    };
+    int64_t i0 = 0;
+    for (; i0 + R <= m; i0 += R) tile.template operator()<R>(i0);
+    switch (m - i0) {  // the remaining rows in one tile of their own size
+      case 5: tile.template operator()<5>(i0); break;
+      case 4: tile.template operator()<4>(i0); break;
+      case 3: tile.template operator()<3>(i0); break;
+      case 2: tile.template operator()<2>(i0); break;
+      case 1: tile.template operator()<1>(i0); break;
+      default: break;
+    }
+  }
+}
+
+ATTNLAB_ISA_CLONES void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const float* a, int64_t lda, const float* b,
+                                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  small_gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+ATTNLAB_ISA_CLONES void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                   double alpha, const double* a, int64_t lda, const double* b,
+                                   int64_t ldb, double beta, double* c, int64_t ldc) {
+  small_gemm_impl(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <typename T>
+void gemm_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // BLAS would leave C untouched when beta = 1 and scale it otherwise
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+    }
+    return;
+  }
+  if (m * n * k <= kSmallWork &&
+      k * round_up(n, kLanes<T>) <= kPackedBytes / static_cast<int64_t>(sizeof(T))) {
+    small_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  // A row-major matrix is the column-major matrix of its transpose: compute Cᵀ = op(B)ᵀ·op(A)ᵀ.
+  const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
+  const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
+  const int LDA = static_cast<int>(ldb), LDB = static_cast<int>(lda), LDC = static_cast<int>(ldc);
+  if constexpr (std::is_same_v<T, float>) {
+    sgemm_(&ta, &tb, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
+  } else {
+    dgemm_(&ta, &tb, &M, &N, &K, &alpha, b, &LDA, a, &LDB, &beta, c, &LDC);
+  }
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc) {
+  gemm_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc) {
+  gemm_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+SequentialBlasScope::SequentialBlasScope() {
+  if (MKL_Set_Num_Threads_Local) previous_ = MKL_Set_Num_Threads_Local(1);
+}
+
+SequentialBlasScope::~SequentialBlasScope() {
+  if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous_);
+}
+
+}  // namespace attnlab::cpu

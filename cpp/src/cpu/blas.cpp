@@ -27,24 +27,6 @@ namespace {
 constexpr int64_t kSmallWork = 64 * 64 * 64;
 constexpr int64_t kPackedBytes = 32 * 1024;
 
-// One 64-byte vector of T (GCC vector extension; narrower ISAs split it). Spelled out per type:
-// GCC ignores vector_size on a dependent alias template.
-template <typename T>
-struct Vector64;
-template <>
-struct Vector64<float> {
-  typedef float type __attribute__((vector_size(64)));
-};
-template <>
-struct Vector64<double> {
-  typedef double type __attribute__((vector_size(64)));
-};
-template <typename T>
-using Vec = typename Vector64<T>::type;
-template <typename T>
-constexpr int64_t kLanes = 64 / sizeof(T);
-static_assert(sizeof(Vec<float>) == 64 && sizeof(Vec<double>) == 64);
-
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // R rows of C, one vector of columns: acc[r] = Σ_p op(A)[i0 + r, p]·Bp[p, j0 : j0 + lanes].

@@ -9,3 +9,27 @@
 #define ATTNLAB_ISA_CLONES
 #endif
 #define ATTNLAB_INLINE inline __attribute__((always_inline))
+
+#include <cstdint>
+
+namespace attnlab::cpu {
+
+// One 64-byte vector of T (GCC vector extension; narrower instruction sets split it). Spelled
+// out per type: GCC ignores vector_size on a dependent alias template.
+template <typename T>
+struct Vector64;
+template <>
+struct Vector64<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct Vector64<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <typename T>
+using Vec = typename Vector64<T>::type;
+template <typename T>
+constexpr int64_t kLanes = 64 / sizeof(T);
+static_assert(sizeof(Vec<float>) == 64 && sizeof(Vec<double>) == 64);
+
+}  // namespace attnlab::cpu

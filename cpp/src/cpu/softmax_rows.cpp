@@ -43,21 +43,18 @@ ATTNLAB_INLINE int64_t visible_cols(int64_t visible_base, int64_t r, int64_t col
   return std::clamp<int64_t>(visible_base + r, 0, cols);
 }
 
-// Elements per 64-byte vector: the exp loops run in whole chunks of this many.
+// Elements per 64-byte vector: the row loops run in whole chunks of this many.
 template <typename T>
-constexpr int64_t kChunk = 64 / sizeof(T);
+constexpr int64_t kChunk = kLanes<T>;
 
-// x[j] = exp(x[j] − shift) over one chunk; returns the chunk's sum.
+// x[j] = exp(x[j] − shift) over one chunk, adding each result to its lane's running sum.
 template <typename T>
-ATTNLAB_INLINE T exp_shift_chunk(T* x, T shift) {
-  T sum = 0;
-#pragma omp simd reduction(+ : sum)
+ATTNLAB_INLINE void exp_shift_chunk(T* x, T shift, T* lane_sums) {
   for (int64_t j = 0; j < kChunk<T>; ++j) {
     const T e = exp_nonpositive(x[j] - shift);
     x[j] = e;
-    sum += e;
+    lane_sums[j] += e;
   }
-  return sum;
 }
 
 // The row loops run over whole chunks: GCC's loop remainders are scalar (and its max-reduction
@@ -89,21 +86,25 @@ ATTNLAB_INLINE void for_each_chunk(T* x, int64_t n, ChunkFn&& chunk_fn) {
 
 template <typename T>
 ATTNLAB_INLINE T max_of(T* x, int64_t n) {
-  T lanes[kChunk<T>];
-  std::fill(lanes, lanes + kChunk<T>, -std::numeric_limits<T>::infinity());
+  Vec<T> lanes = {};
+  lanes -= std::numeric_limits<T>::infinity();
   for_each_chunk(x, n, [&](const T* chunk) {
-    for (int64_t j = 0; j < kChunk<T>; ++j) lanes[j] = chunk[j] > lanes[j] ? chunk[j] : lanes[j];
+    Vec<T> v;
+    std::memcpy(&v, chunk, sizeof(v));
+    lanes = v > lanes ? v : lanes;
   });
   T result = lanes[0];
   for (int64_t j = 1; j < kChunk<T>; ++j) result = lanes[j] > result ? lanes[j] : result;
   return result;
 }
 
-// x[c] = exp(x[c] − shift) for c < n; returns the sum.
+// x[c] = exp(x[c] − shift) for c < n; returns the sum (lanes summed once, at the end).
 template <typename T>
 ATTNLAB_INLINE T exp_shift_sum(T* x, int64_t n, T shift) {
+  T lane_sums[kChunk<T>] = {};
+  for_each_chunk(x, n, [&](T* chunk) { exp_shift_chunk(chunk, shift, lane_sums); });
   T sum = 0;
-  for_each_chunk(x, n, [&](T* chunk) { sum += exp_shift_chunk(chunk, shift); });
+  for (int64_t j = 0; j < kChunk<T>; ++j) sum += lane_sums[j];
   return sum;
 }
 

@@ -100,6 +100,7 @@ def run():
 def status_kib(field):
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+run()  # warm-up: one-time allocations (thread pools, BLAS buffers) are not the op's
 before = status_kib("VmRSS")
 with open("/proc/self/clear_refs", "w") as f:  # resets the peak (VmHWM) to the current RSS
     f.write("5")
@@ -134,8 +135,8 @@ def main():
     print(markdown_table(["(B, H, L, E)", "causal", "pass", "attnlab + weights", "plain",
                           "ratio"], weights))
     if not args.skip_memory:
-        print("\nPeak extra memory of one forward+backward, (1, 1, L, 64), no weights (MiB, "
-              "peak RSS growth)\n")
+        print("\nPeak extra memory of one forward+backward after a warm-up run, (1, 1, L, 64), "
+              "no weights (MiB, growth of peak RSS; the output and the three gradients alone are 8 MiB)\n")
         print(markdown_table(["implementation", "L", "extra MiB"], memory_table()))
 
 

@@ -8,13 +8,6 @@ import torch
 from torch.utils.benchmark import Timer
 
 
-def median_seconds(fn, min_run_time=0.5):
-    """Median time of fn() over repeated runs after a warm-up (torch.utils.benchmark)."""
-    for _ in range(3):
-        fn()
-    return Timer(stmt="fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median
-
-
 def compare(fns, min_run_time=0.5, rounds=5):
     """Median seconds of each function, measured in alternating rounds so that a slow spell of
     the machine hits all of them alike."""

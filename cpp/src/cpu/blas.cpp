@@ -21,9 +21,9 @@ int MKL_Set_Num_Threads_Local(int nthreads) __attribute__((weak));
 namespace attnlab::cpu {
 namespace {
 
-// Products up to this many multiply-adds, whose packed B fits kPackedElements, use the small
-// kernel. The threshold is where the two measured equal on an AVX-512 core (see
-// benchmarks/RESULTS.md).
+// Products up to this many multiply-adds, whose packed B fits kPackedBytes, use the small
+// kernel. Measured for C = A·Bᵀ with k = 64 on an AVX-512 AMD EPYC core (small kernel vs MKL
+// sgemm_): m = n = 16: 0.54 vs 0.56 µs; 48: 2.9 vs 3.5 µs; 64: 4.9 vs 6.0 µs.
 constexpr int64_t kSmallWork = 64 * 64 * 64;
 constexpr int64_t kPackedBytes = 32 * 1024;
 

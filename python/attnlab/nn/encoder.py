@@ -1,0 +1,88 @@
+"""Transformer encoder blocks as the UvA tutorial defines them, post-norm by default."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .multihead import MultiheadAttention, load_torch_multihead_attention
+
+
+class EncoderBlock(nn.Module):
+    """``x = norm1(x + dropout(self_attn(x)))``, ``x = norm2(x + dropout(linear_net(x)))`` with
+    ``linear_net`` = Linear → Dropout → ReLU → Linear. With ``norm_first=True`` (pre-norm):
+    ``x = x + dropout(self_attn(norm1(x)))``, ``x = x + dropout(linear_net(norm2(x)))``."""
+
+    def __init__(self, input_dim: int, num_heads: int, dim_feedforward: int,
+                 dropout: float = 0.0, norm_first: bool = False):
+        super().__init__()
+        if dim_feedforward <= 0:
+            raise ValueError(f"dim_feedforward must be positive, got {dim_feedforward}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
+        self.norm_first = norm_first
+        self.self_attn = MultiheadAttention(input_dim, input_dim, num_heads)
+        self.linear_net = nn.Sequential(
+            nn.Linear(input_dim, dim_feedforward),
+            nn.Dropout(dropout),
+            nn.ReLU(inplace=True),
+            nn.Linear(dim_feedforward, input_dim),
+        )
+        self.norm1 = nn.LayerNorm(input_dim)
+        self.norm2 = nn.LayerNorm(input_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.norm_first:
+            x = x + self.dropout(self.self_attn(self.norm1(x), mask=mask))
+            return x + self.dropout(self.linear_net(self.norm2(x)))
+        x = self.norm1(x + self.dropout(self.self_attn(x, mask=mask)))
+        return self.norm2(x + self.dropout(self.linear_net(x)))
+
+    @classmethod
+    def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "EncoderBlock":
+        """An EncoderBlock with the weights of a ``torch.nn.TransformerEncoderLayer``
+        (batch_first=True, ReLU); it computes the same outputs (masks in attnlab's convention:
+        True = may attend)."""
+        if not layer.self_attn.batch_first:
+            raise ValueError("only batch_first=True TransformerEncoderLayer can be loaded")
+        if layer.activation_relu_or_gelu != 1:
+            raise ValueError("only TransformerEncoderLayer with the ReLU activation can be loaded")
+        attn = layer.self_attn
+        block = cls(attn.embed_dim, attn.num_heads, layer.linear1.out_features,
+                    dropout=layer.dropout.p, norm_first=layer.norm_first)
+        load_torch_multihead_attention(block.self_attn, attn)
+        with torch.no_grad():
+            for ours, theirs in ((block.linear_net[0], layer.linear1),
+                                 (block.linear_net[3], layer.linear2),
+                                 (block.norm1, layer.norm1), (block.norm2, layer.norm2)):
+                ours.weight.copy_(theirs.weight)
+                ours.bias.copy_(theirs.bias)
+            block.norm1.eps, block.norm2.eps = layer.norm1.eps, layer.norm2.eps
+        return block
+
+
+class TransformerEncoder(nn.Module):
+    """``num_layers`` EncoderBlocks built from ``block_args``."""
+
+    def __init__(self, num_layers: int, **block_args):
+        super().__init__()
+        if num_layers <= 0:
+            raise ValueError(f"num_layers must be positive, got {num_layers}")
+        self.layers = nn.ModuleList([EncoderBlock(**block_args) for _ in range(num_layers)])
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask=mask)
+        return x
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: torch.Tensor, mask: torch.Tensor | None = None):
+        """One attention map [B, H, L, L] per layer, for the input x."""
+        maps = []
+        for layer in self.layers:
+            attn_input = layer.norm1(x) if layer.norm_first else x
+            _, attention = layer.self_attn(attn_input, mask=mask, return_attention=True)
+            maps.append(attention)
+            x = layer(x, mask=mask)
+        return maps

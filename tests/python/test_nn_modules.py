@@ -196,3 +196,48 @@ def test_bad_module_inputs():
         module(torch.randn(2, 5, 8), mask=torch.ones(4, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r"PositionalEncoding expects x of shape"):
         PositionalEncoding(8)(torch.randn(2, 5, 6))
+
+
+def test_cross_multi_head_attention_matches_equations():
+    from attnlab.nn import MultiHeadAttention
+    torch.manual_seed(8)
+    module = MultiHeadAttention(d_model=12, num_heads=3, p=0.1, d_input=(5, 7, 4)).double()
+    xq = torch.randn(2, 6, 5, dtype=torch.float64)
+    xk = torch.randn(2, 9, 7, dtype=torch.float64)
+    xv = torch.randn(2, 9, 4, dtype=torch.float64)
+    H, A = module(xq, xk, xv)
+
+    def heads(t):
+        return t.reshape(2, -1, 3, 4).transpose(1, 2)
+    Q, K, V = heads(xq @ module.W_q.weight.T), heads(xk @ module.W_k.weight.T), heads(xv @ module.W_v.weight.T)
+    A_ref = torch.softmax((Q / 2.0) @ K.transpose(-2, -1), dim=-1)
+    H_ref = (A_ref @ V).transpose(1, 2).reshape(2, 6, 12) @ module.W_h.weight.T + module.W_h.bias
+    assert module.W_q.bias is None and module.W_h.bias is not None
+    torch.testing.assert_close(A, A_ref, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(H, H_ref, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match=r"X_k must have shape \[batch, length, 7\]"):
+        module(xq, xv, xv)
+
+
+def test_positional_encoder_adds_or_concatenates():
+    from attnlab.nn import PositionalEncoder
+    table = sinusoidal_table(50, 6, scale=100.0)
+    x = torch.randn(3, 10, 6)
+    added = PositionalEncoder(6, scale=100.0, add=True)
+    torch.testing.assert_close(added(x), x + table[:10])
+    assert added.extra_output_shape == 0
+    concat = PositionalEncoder(6, scale=100.0, add=False)
+    out = concat(torch.randn(3, 10, 4))
+    assert concat.extra_output_shape == 6 and out.shape == (3, 10, 10)
+    torch.testing.assert_close(out[1, :, 4:], table[:10])
+    with pytest.raises(ValueError, match=r"add=True needs inputs 6 wide"):
+        added(torch.randn(3, 10, 4))
+    with pytest.raises(ValueError, match=r"exceeds max_len 50"):
+        added(torch.randn(1, 51, 6))
+
+
+def test_sinusoidal_embedding_starts_at_the_table_and_learns():
+    from attnlab.nn import sinusoidal_embedding
+    embedding = sinusoidal_embedding(100, 8)
+    torch.testing.assert_close(embedding.weight.detach(), sinusoidal_table(100, 8))
+    assert embedding.weight.requires_grad

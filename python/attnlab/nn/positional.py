@@ -42,3 +42,40 @@ class PositionalEncoding(nn.Module):
             raise ValueError(f"sequence length {x.shape[1]} exceeds max_len {self.max_len} of "
                              f"this PositionalEncoding")
         return x + self.pe[:, : x.shape[1]]
+
+
+class PositionalEncoder(nn.Module):
+    """The permutation lab's encoder: the sinusoidal table with ``scale`` in place of 10000,
+    added to x [B, L, dim] (``add=True``) or concatenated to it (``add=False``, the output is
+    ``extra_output_shape`` = dim wider)."""
+
+    def __init__(self, dim: int, max_len: int = 50, scale: float = 10000.0, add: bool = True):
+        super().__init__()
+        if max_len <= 0 or scale <= 0:
+            raise ValueError(f"max_len and scale must be positive, got {max_len}, {scale}")
+        self.dim, self.max_len, self.scale, self.add = dim, max_len, scale, add
+        self.extra_output_shape = 0 if add else dim
+        self.register_buffer("pe", sinusoidal_table(max_len, dim, scale), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3:
+            raise ValueError(f"PositionalEncoder expects x of shape [batch, length, features], "
+                             f"got {list(x.shape)}")
+        if x.shape[1] > self.max_len:
+            raise ValueError(f"sequence length {x.shape[1]} exceeds max_len {self.max_len} of "
+                             f"this PositionalEncoder")
+        table = self.pe[: x.shape[1]].to(x.dtype)
+        if self.add:
+            if x.shape[-1] != self.dim:
+                raise ValueError(f"add=True needs inputs {self.dim} wide (the encoding's dim), "
+                                 f"got {x.shape[-1]}")
+            return x + table
+        return torch.cat([x, table.expand(x.shape[0], -1, -1)], dim=-1)
+
+
+def sinusoidal_embedding(num_positions: int, dim: int) -> nn.Embedding:
+    """A learnable position-embedding table initialised with the sinusoids (SPEC.md §5)."""
+    embedding = nn.Embedding(num_positions, dim)
+    with torch.no_grad():
+        embedding.weight.copy_(sinusoidal_table(num_positions, dim))
+    return embedding

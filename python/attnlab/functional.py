@@ -14,7 +14,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         query: ``[..., L_q, E]``; key: ``[..., L_k, E]``; value: ``[..., L_k, E_v]``. Leading
             (batch) dimensions broadcast, as in ``torch.nn.functional.scaled_dot_product_attention``.
         attn_mask: boolean (``True`` = may attend) or floating point (added to the scores),
-            broadcastable to ``[..., L_q, L_k]``. Masks receive no gradient.
+            broadcastable to ``[..., L_q, L_k]``. A floating-point mask that requires grad
+            receives the gradient of the scores (e.g. a learnable position bias).
         is_causal: query ``i`` sees keys ``j <= i`` (top-left aligned, as in PyTorch); may be
             combined with ``attn_mask``.
         scale: multiplies the scores; ``1/sqrt(E)`` when ``None``.

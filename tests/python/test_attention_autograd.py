@@ -54,6 +54,18 @@ def test_gradcheck_with_stored_weights(is_causal):
                                                              need_weights=True)[0], (q, k, v))
 
 
+@pytest.mark.parametrize("mask_shape", [(2, 4, 6), (4, 6), (6,), (2, 1, 6)])
+@pytest.mark.parametrize("is_causal,need_weights", [(False, False), (True, False), (False, True)])
+def test_gradcheck_through_a_float_mask(mask_shape, is_causal, need_weights):
+    # A learnable additive mask (a relative-position bias, say) gets the scores' gradient,
+    # summed over the dimensions it broadcasts along.
+    q, k, v = _inputs((2,), 4, 6, 3, 2)
+    mask = torch.randn(*mask_shape, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, m: attnlab.scaled_dot_product_attention(
+            q, k, v, m, is_causal, need_weights=need_weights)[0], (q, k, v, mask))
+
+
 def test_weights_are_not_differentiable_but_output_is():
     q, k, v = _inputs((2,), 3, 4, 5, 2, dtype=torch.float32)
     output, weights = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True)
@@ -69,7 +81,8 @@ OPCHECK_CASES = [
 
 def _opcheck_args(case, requires_grad):
     q, k, v = _inputs((2, 3), 5, 7, 4, 6, dtype=torch.float32, requires_grad=requires_grad)
-    mask = {None: None, "bool": torch.rand(5, 7) > 0.3, "float": torch.randn(1, 5, 7)}[case["mask"]]
+    mask = {None: None, "bool": torch.rand(5, 7) > 0.3,
+            "float": torch.randn(1, 5, 7, requires_grad=requires_grad)}[case["mask"]]
     return (q, k, v, mask, case["is_causal"], None, case["need_weights"])
 
 
@@ -86,6 +99,9 @@ def test_opcheck_forward_and_backward_operators(case):
     output, lse, weights = torch.ops.attnlab._sdpa_forward(*args)
     backward_args = (torch.randn_like(output), *args[:6], output, lse)
     torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default, backward_args)
+    if case["mask"] == "float":
+        torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default,
+                              (*backward_args, None, True))
     if case["need_weights"]:
         torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default, (*backward_args, weights))
 

@@ -41,10 +41,12 @@ def test_bad_input_raises_clear_error(name):
     assert "attnlab.scaled_dot_product_attention" in str(info.value)
 
 
-def test_mask_requiring_grad_is_refused():
-    mask = torch.zeros(4, 5, requires_grad=True)
-    with pytest.raises(RuntimeError, match=r"attn_mask requires grad.*attn_mask.detach\(\)"):
-        attnlab.scaled_dot_product_attention(q, k, v, mask)
+def test_boolean_mask_gradient_requested_directly_is_refused():
+    output, lse, _ = torch.ops.attnlab._sdpa_forward(q, k, v, None, False, None, False)
+    with pytest.raises(RuntimeError, match=r"a boolean attn_mask has no gradient"):
+        torch.ops.attnlab._sdpa_backward(torch.ones_like(output), q, k, v,
+                                         torch.ones(4, 5, dtype=torch.bool), False, None,
+                                         output, lse, None, True)
 
 
 def test_errors_also_raised_through_torch_ops():

@@ -127,11 +127,12 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
-                        T* grad_key, T* grad_value) {
+                        T* grad_key, T* grad_value, T* grad_mask) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
   std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
   std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
   std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
+  if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
 
   // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
   std::vector<T> delta(p.batch * p.len_q);
@@ -196,6 +197,12 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                p.value.row(b, j0), p.value.row_stride, T(0), dprobs.data(), ld);
           softmax_grad_block(probs_ij, ld_probs, dprobs.data(), ld, rows, cols,
                              delta.data() + b * p.len_q + i0);
+          if (grad_mask) {
+            T* gm = grad_mask + (b * p.len_q + i0) * p.len_k + j0;
+            for (int64_t r = 0; r < rows; ++r) {
+              std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + cols, gm + r * p.len_k);
+            }
+          }
           // dK_j += scale·dSᵀ·Q_i ;  dQ_i += scale·dS·K_j
           gemm(true, false, cols, E, rows, p.scale, dprobs.data(), ld, q, p.query.row_stride,
                T(1), dk, E);
@@ -221,10 +228,10 @@ template void attention_forward<double>(const AttentionProblem<double>&, double*
                                         double*);
 template void attention_backward<float>(const AttentionProblem<float>&,
                                         const BatchedRows<float>&, const float*, const float*,
-                                        const float*, float*, float*, float*);
+                                        const float*, float*, float*, float*, float*);
 template void attention_backward<double>(const AttentionProblem<double>&,
                                          const BatchedRows<double>&, const double*,
                                          const double*, const double*, double*, double*,
-                                         double*);
+                                         double*, double*);
 
 }  // namespace attnlab::cpu

@@ -34,11 +34,13 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
 
 // Gradients, contiguous at the broadcast batch shape, written (not accumulated):
 // grad_query [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk],
-// grad_value [batch, len_k, dim_v]. output and logsumexp are the forward's; weights, when not
-// null, are its normalized weights [batch, len_q, len_k], used instead of recomputing them.
+// grad_value [batch, len_k, dim_v]; grad_mask, when not null, [batch, len_q, len_k] (the
+// gradient of the scores, which an additive mask receives unchanged). output and logsumexp are
+// the forward's; weights, when not null, are its normalized weights [batch, len_q, len_k],
+// used instead of recomputing them.
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
-                        T* grad_key, T* grad_value);
+                        T* grad_key, T* grad_value, T* grad_mask);
 
 }  // namespace attnlab::cpu

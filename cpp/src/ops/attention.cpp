@@ -155,10 +155,11 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
   return {output, lse, weights};
 }
 
-std::tuple<Tensor, Tensor, Tensor> sdpa_backward_cpu(
+std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights) {
+    const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
+    bool grad_mask) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
@@ -170,6 +171,12 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_backward_cpu(
   Tensor grad_q = at::empty(with_tail(batch, {len_q, dim_qk}), options);
   Tensor grad_k = at::empty(with_tail(batch, {len_k, dim_qk}), options);
   Tensor grad_v = at::empty(with_tail(batch, {len_k, dim_v}), options);
+  const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
+  TORCH_CHECK(!mask_grad || attn_mask->is_floating_point(),
+              "attnlab.scaled_dot_product_attention backward: a boolean attn_mask has no "
+              "gradient");
+  Tensor grad_m = mask_grad ? at::empty(with_tail(batch, {len_q, len_k}), options)
+                            : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_backward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     std::vector<int64_t> grad_offsets;
@@ -179,11 +186,14 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_backward_cpu(
         prepared.problem, grad, output.contiguous().data_ptr<scalar_t>(),
         logsumexp.contiguous().data_ptr<scalar_t>(),
         probs.defined() ? probs.data_ptr<scalar_t>() : nullptr, grad_q.data_ptr<scalar_t>(),
-        grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>());
+        grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>(),
+        mask_grad ? grad_m.data_ptr<scalar_t>() : nullptr);
   });
-  // Inputs that were broadcast over batch dimensions receive the sum over those dimensions.
+  // Inputs that were broadcast (over batch dimensions, or a mask over queries) receive the sum
+  // over the broadcast dimensions.
+  if (mask_grad) grad_m = grad_m.sum_to_size(attn_mask->sizes()).to(attn_mask->scalar_type());
   return {grad_q.sum_to_size(query.sizes()), grad_k.sum_to_size(key.sizes()),
-          grad_v.sum_to_size(value.sizes())};
+          grad_v.sum_to_size(value.sizes()), grad_m};
 }
 
 c10::TypedOperatorHandle<decltype(sdpa_forward_cpu)> forward_op() {
@@ -232,13 +242,16 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
-    auto [dq, dk, dv] = backward_op().call(
+    // Edges exist for tensor inputs only: the mask is the fourth when it was given.
+    const bool mask_grad = saved[5].defined() && ctx->needs_input_grad(3);
+    auto [dq, dk, dv, dmask] = backward_op().call(
         grad_output, saved[0], saved[1], saved[2], optional(saved[5]),
         ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toOptional<double>(),
-        saved[3], saved[4], optional(saved[6]));
+        saved[3], saved[4], optional(saved[6]), mask_grad);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
+    if (mask_grad) result[3] = dmask;
     return result;
   }
 };
@@ -249,9 +262,6 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
                                           bool is_causal, std::optional<double> scale,
                                           bool need_weights) {
   checks::sdpa_kinds(query, key, value, attn_mask, scale);
-  TORCH_CHECK(!(attn_mask && attn_mask->defined() && attn_mask->requires_grad()),
-              "attnlab.scaled_dot_product_attention: attn_mask requires grad, but gradients "
-              "with respect to the mask are not computed; pass attn_mask.detach()");
   auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights);
   return {outs[0], outs[1]};
 }
@@ -284,7 +294,8 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp, "
-      "Tensor? weights=None) -> (Tensor grad_query, Tensor grad_key, Tensor grad_value)");
+      "Tensor? weights=None, bool grad_mask=False) "
+      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {

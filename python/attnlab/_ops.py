@@ -26,3 +26,14 @@ def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, sc
                       else query.new_empty((0,)))
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
             grad_attn_mask)
+
+
+@torch.library.register_fake("attnlab::_additive_scores_forward")
+def _additive_scores_forward_fake(query_proj, key_proj, weight):
+    return query_proj.new_empty((query_proj.shape[0], query_proj.shape[1], key_proj.shape[1]))
+
+
+@torch.library.register_fake("attnlab::_additive_scores_backward")
+def _additive_scores_backward_fake(grad_scores, query_proj, key_proj, weight):
+    return (query_proj.new_empty(query_proj.shape), key_proj.new_empty(key_proj.shape),
+            weight.new_empty(weight.shape))

@@ -85,6 +85,20 @@ TEST(Attention, BadInputThrows) {
   }
 }
 
+TEST(AdditiveScores, MatchesReferenceAndGradients) {
+  torch::manual_seed(3);
+  auto opts = torch::TensorOptions().dtype(torch::kDouble).requires_grad(true);
+  auto qp = torch::randn({2, 5, 8}, opts), kp = torch::randn({2, 6, 8}, opts);
+  auto w = torch::randn({8}, opts);
+  auto scores = attnlab::additive_scores(qp, kp, w);
+  auto reference = (torch::tanh(qp.unsqueeze(2) + kp.unsqueeze(1)) * w).sum(-1);
+  EXPECT_TRUE(torch::allclose(scores, reference, 1e-12, 1e-12));
+  auto grads = torch::autograd::grad({scores.sum()}, {qp, kp, w});
+  auto ref_grads = torch::autograd::grad({reference.sum()}, {qp, kp, w});
+  for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(torch::allclose(grads[i], ref_grads[i], 1e-10, 1e-10));
+  EXPECT_THROW(attnlab::additive_scores(qp, kp, torch::randn({7}, torch::kDouble)), c10::Error);
+}
+
 TEST(BuildInfo, NamesTorchVersion) {
   EXPECT_FALSE(attnlab::build_info().torch_version.empty());
 }

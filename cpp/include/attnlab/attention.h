@@ -22,4 +22,10 @@ std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
     const std::optional<at::Tensor>& attn_mask = std::nullopt, bool is_causal = false,
     std::optional<double> scale = std::nullopt, bool need_weights = false);
 
+// Additive (Bahdanau) scores: scores[b, q, k] = Σ_j weight[j]·tanh(query_proj[b, q, j] +
+// key_proj[b, k, j]) for query_proj [B, Q, h] (= W₁·queries) and key_proj [B, K, h]
+// (= W₂·keys). Neither direction holds a [B, Q, K, h] tensor. Differentiable in all three.
+at::Tensor additive_scores(const at::Tensor& query_proj, const at::Tensor& key_proj,
+                           const at::Tensor& weight);
+
 }  // namespace attnlab

@@ -131,4 +131,29 @@ void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& outpu
   }
 }
 
+void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_proj,
+                            const at::Tensor& weight) {
+  constexpr const char* kOp = "attnlab.additive_scores";
+  for (const auto& [t, name, rank] : {std::tuple{&query_proj, "query_proj", 3},
+                                      std::tuple{&key_proj, "key_proj", 3},
+                                      std::tuple{&weight, "weight", 1}}) {
+    TORCH_CHECK(t->defined(), kOp, ": ", name, " is an undefined tensor");
+    TORCH_CHECK(t->dim() == rank, kOp, ": ", name, " must have ", rank,
+                rank == 3 ? " dimensions [batch, length, hidden]" : " dimension [hidden]",
+                ", got shape ", shape_str(t->sizes()));
+    TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, kOp, ": ",
+                name, " must be float32 or float64, got ", t->scalar_type());
+    TORCH_CHECK(t->scalar_type() == query_proj.scalar_type(), kOp, ": ", name, " has dtype ",
+                t->scalar_type(), " but query_proj has ", query_proj.scalar_type());
+    TORCH_CHECK(t->device() == query_proj.device(), kOp, ": ", name, " is on ", t->device(),
+                " but query_proj is on ", query_proj.device());
+  }
+  TORCH_CHECK(key_proj.size(0) == query_proj.size(0), kOp, ": key_proj has batch size ",
+              key_proj.size(0), " but query_proj has ", query_proj.size(0));
+  TORCH_CHECK(key_proj.size(2) == query_proj.size(2), kOp, ": key_proj has hidden size ",
+              key_proj.size(2), " but query_proj has ", query_proj.size(2));
+  TORCH_CHECK(weight.size(0) == query_proj.size(2), kOp, ": weight has ", weight.size(0),
+              " entries but the hidden size is ", query_proj.size(2));
+}
+
 }  // namespace attnlab::checks

@@ -1,5 +1,7 @@
 """torch.nn modules over the attnlab operators, with the tutorials' names and signatures."""
 
+from .attention_layers import (AdditiveAttention, AttentionLayer, MultiplicativeAttention,
+                               ScaledDotProductAttention, autoregressive_mask)
 from .cross import MultiHeadAttention
 from .encoder import EncoderBlock, TransformerEncoder
 from .multihead import MultiheadAttention, load_torch_multihead_attention
@@ -8,6 +10,11 @@ from .positional import (PositionalEncoder, PositionalEncoding, sinusoidal_embed
 from .schedule import CosineWarmupScheduler
 
 __all__ = [
+    "AdditiveAttention",
+    "AttentionLayer",
+    "MultiplicativeAttention",
+    "ScaledDotProductAttention",
+    "autoregressive_mask",
     "CosineWarmupScheduler",
     "EncoderBlock",
     "MultiHeadAttention",

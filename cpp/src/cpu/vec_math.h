@@ -1,0 +1,53 @@
+#pragma once
+// Elementwise math written so that GCC vectorizes it inside ATTNLAB_ISA_CLONES functions.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/isa.h"
+
+namespace attnlab::cpu {
+
+// exp(x) for x <= 0 in float, branch-free so that it vectorizes: x = n·ln2 + r with |r| <= ln2/2,
+// exp(r) from a degree-7 polynomial (Cephes' expf coefficients), 2^n from the exponent bits.
+// Relative error about 2e-7. Results below the normal range (x < -87.3, -inf included) are 0:
+// their exponent bits clamp to 0. NaN stays NaN.
+ATTNLAB_INLINE float exp_nonpositive(float x) {
+  const float xc = std::max(x, -100.0f);  // keeps n small; NaN passes through
+  // Adding 1.5·2^23 rounds to the nearest integer and leaves it in the low mantissa bits
+  // (std::floor would not vectorize inside target_clones functions).
+  constexpr float kRound = 12582912.0f;
+  constexpr int32_t kRoundBits = 0x4B400000;
+  const float shifted = xc * 1.44269504088896341f + kRound;
+  const float n = shifted - kRound;
+  float r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  int32_t n_bits;
+  std::memcpy(&n_bits, &shifted, sizeof(n_bits));
+  const int32_t bits = std::max(n_bits - kRoundBits + 127, 0) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  return y * two_n;
+}
+ATTNLAB_INLINE double exp_nonpositive(double x) { return std::exp(x); }
+
+// tanh(x) = sign(x)·(1 − e)/(1 + e) with e = exp(−2|x|) ∈ (0, 1]: branch-free, exact in its
+// limits (±1 for large |x|). Absolute error about 1e-7 (relative error grows as |x| → 0,
+// where 1 − e cancels; the additive scores sum many such terms, so absolute error is what
+// matters).
+ATTNLAB_INLINE float tanh_vectorizable(float x) {
+  const float e = exp_nonpositive(-2.0f * std::fabs(x));
+  return std::copysign((1.0f - e) / (1.0f + e), x);
+}
+ATTNLAB_INLINE double tanh_vectorizable(double x) { return std::tanh(x); }
+
+}  // namespace attnlab::cpu

@@ -1,0 +1,116 @@
+"""Attention layers behind one interface (SPEC.md §4): ``get_scores(features, queries)`` and
+``attend(features, queries, mask=None)``, where the features are both keys and values, and the
+detached weights of the last ``attend`` kept as ``last_weights``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..functional import scaled_dot_product_attention
+
+
+def autoregressive_mask(size: int, device=None) -> torch.Tensor:
+    """[size, size] boolean mask: query i may attend to objects j <= i."""
+    if size < 0:
+        raise ValueError(f"size must be non-negative, got {size}")
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+def _check_pair(features: torch.Tensor, queries: torch.Tensor):
+    if features.dim() != 3 or queries.dim() != 3:
+        raise ValueError(f"features and queries must be [batch, objects, features] and "
+                         f"[batch, queries, features], got {list(features.shape)} and "
+                         f"{list(queries.shape)}")
+    if features.shape[0] != queries.shape[0]:
+        raise ValueError(f"features have batch size {features.shape[0]} but queries have "
+                         f"{queries.shape[0]}")
+
+
+class AttentionLayer(nn.Module):
+    """The shared interface. Subclasses define ``get_scores`` and ``_attend``."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_weights: torch.Tensor | None = None
+
+    @staticmethod
+    def get_autoregressive_mask(size: int, device=None) -> torch.Tensor:
+        return autoregressive_mask(size, device)
+
+    def attend(self, features: torch.Tensor, queries: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, Q, F]: each query's weighted mean of the features. ``mask`` (True = may attend)
+        broadcasts to [B, Q, K]; a query with every object masked gets zeros."""
+        _check_pair(features, queries)
+        output, weights = self._attend(features, queries, mask)
+        self.last_weights = weights.detach()
+        return output
+
+    def forward(self, features, queries, mask=None):
+        return self.attend(features, queries, mask)
+
+
+class ScaledDotProductAttention(AttentionLayer):
+    """scores = qᵀk / sqrt(d); queries and features of the same width."""
+
+    scale: float | None = None  # None: 1/sqrt(d)
+
+    def get_scores(self, features: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        _check_pair(features, queries)
+        if features.shape[-1] != queries.shape[-1]:
+            raise ValueError(f"queries have {queries.shape[-1]} features but the objects have "
+                             f"{features.shape[-1]}; dot-product attention needs equal widths")
+        scale = 1 / math.sqrt(queries.shape[-1]) if self.scale is None else self.scale
+        return queries @ features.transpose(-2, -1) * scale
+
+    def _attend(self, features, queries, mask):
+        if features.shape[-1] != queries.shape[-1]:
+            raise ValueError(f"queries have {queries.shape[-1]} features but the objects have "
+                             f"{features.shape[-1]}; dot-product attention needs equal widths")
+        return scaled_dot_product_attention(queries, features, features, attn_mask=mask,
+                                            scale=self.scale, need_weights=True)
+
+
+class MultiplicativeAttention(ScaledDotProductAttention):
+    """Luong's scores qᵀk, unscaled."""
+
+    scale = 1.0
+
+
+class AdditiveAttention(AttentionLayer):
+    """Bahdanau's scores w₃ᵀ tanh(W₁q + W₂k) (no biases); queries and objects may have
+    different widths. The scores come from the attnlab.additive_scores operator, which never
+    holds the [B, Q, K, hidden] tensor."""
+
+    def __init__(self, obj_feature_dim: int, query_feature_dim: int, hidden_dim: int):
+        super().__init__()
+        for name, value in (("obj_feature_dim", obj_feature_dim),
+                            ("query_feature_dim", query_feature_dim),
+                            ("hidden_dim", hidden_dim)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.W1 = nn.Linear(query_feature_dim, hidden_dim, bias=False)
+        self.W2 = nn.Linear(obj_feature_dim, hidden_dim, bias=False)
+        self.w3 = nn.Linear(hidden_dim, 1, bias=False)
+
+    def get_scores(self, features: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        _check_pair(features, queries)
+        return torch.ops.attnlab.additive_scores(self.W1(queries), self.W2(features),
+                                                 self.w3.weight[0])
+
+    def _attend(self, features, queries, mask):
+        scores = self.get_scores(features, queries)
+        if mask is not None:
+            if mask.dtype != torch.bool:
+                raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
+            scores = scores.masked_fill(~mask, float("-inf"))
+        # The scores enter the attention operator as an additive mask over zero dot products:
+        # softmax(0 + scores)·features, with the operator's masking rules and its gradient
+        # for the mask.
+        zeros_q = queries.new_zeros(queries.shape[0], queries.shape[1], 1)
+        zeros_k = features.new_zeros(features.shape[0], features.shape[1], 1)
+        return scaled_dot_product_attention(zeros_q, zeros_k, features, attn_mask=scores,
+                                            need_weights=True)

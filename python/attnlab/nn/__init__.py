@@ -8,6 +8,7 @@ from .multihead import MultiheadAttention, load_torch_multihead_attention
 from .positional import (PositionalEncoder, PositionalEncoding, sinusoidal_embedding,
                          sinusoidal_table)
 from .schedule import CosineWarmupScheduler
+from .serialization import save_for_cpp
 
 __all__ = [
     "AdditiveAttention",
@@ -23,6 +24,8 @@ __all__ = [
     "PositionalEncoding",
     "TransformerEncoder",
     "load_torch_multihead_attention",
+    "save_for_cpp",
     "sinusoidal_embedding",
     "sinusoidal_table",
 ]
+

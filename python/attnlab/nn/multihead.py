@@ -58,8 +58,11 @@ class MultiheadAttention(nn.Module):
             raise ValueError(f"MultiheadAttention expects x of shape [batch, length, "
                              f"{self.input_dim}], got {list(x.shape)}")
         batch, length, _ = x.shape
-        qkv = self.qkv_proj(x).reshape(batch, length, self.num_heads, 3 * self.head_dim)
-        q, k, v = qkv.permute(0, 2, 1, 3).chunk(3, dim=-1)  # each [B, H, L, head_dim]
+        # The tutorial's layout [B, L, H, 3·head_dim] split into q, k, v, written as a reshape
+        # to [B, L, H, 3, head_dim] and unbind: the backward then stacks three contiguous
+        # blocks, where chunk's backward (cat along the last dimension) copies 128-byte rows.
+        qkv = self.qkv_proj(x).reshape(batch, length, self.num_heads, 3, self.head_dim)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [B, H, L, head_dim]
         values, attention = scaled_dot_product_attention(
             q, k, v, attn_mask=_heads_mask(mask, batch, length), need_weights=return_attention)
         values = values.permute(0, 2, 1, 3).reshape(batch, length, self.embed_dim)

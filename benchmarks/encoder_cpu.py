@@ -1,0 +1,65 @@
+"""One encoder layer, forward+backward on the CPU: attnlab.nn.EncoderBlock against the same
+layer written with plain torch ops (nn.Linear, matmul, softmax, LayerNorm), same process.
+Ratio = plain time / attnlab time (> 1: attnlab is faster).
+
+    python benchmarks/encoder_cpu.py [--min-run-time 1.0]
+"""
+
+import argparse
+import math
+
+import torch
+from torch import nn
+
+from attnlab.nn import EncoderBlock
+from common import compare, machine_description, markdown_table
+
+# (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of SPEC.md §1–2.
+SHAPES = [(128, 16, 32, 1, 64), (64, 10, 256, 4, 512)]
+
+
+class PlainEncoderBlock(nn.Module):
+    """The post-norm block of SPEC.md §0 in plain torch ops."""
+
+    def __init__(self, d, heads, d_ff):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.ff1, self.ff2 = nn.Linear(d, d_ff), nn.Linear(d_ff, d)
+        self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        B, L, d = x.shape
+        hd = d // self.heads
+        q, k, v = self.qkv(x).reshape(B, L, self.heads, 3 * hd).permute(0, 2, 1, 3).chunk(3, -1)
+        weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(hd), dim=-1)
+        y = (weights @ v).permute(0, 2, 1, 3).reshape(B, L, d)
+        x = self.norm1(x + self.out(y))
+        return self.norm2(x + self.ff2(torch.relu(self.ff1(x))))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--min-run-time", type=float, default=1.0)
+    args = parser.parse_args()
+    print(f"Machine: {machine_description()}\n")
+    rows = []
+    for B, L, d, H, d_ff in SHAPES:
+        torch.manual_seed(0)
+        x = torch.randn(B, L, d, requires_grad=True)
+        grad = torch.randn(B, L, d)
+        ours, plain = EncoderBlock(d, H, d_ff), PlainEncoderBlock(d, H, d_ff)
+
+        def run(block):
+            return lambda: block(x).backward(grad)
+        t_ours, t_plain = compare([run(ours), run(plain)], args.min_run_time)
+        rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", f"{t_ours * 1e3:.3f}",
+                     f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}"])
+    print("One encoder layer, forward+backward, float32 (ms, median)\n")
+    print(markdown_table(["(B, L, d, H, d_ff)", "attnlab EncoderBlock", "plain torch ops",
+                          "ratio"], rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Figures from tensors. Every function returns a matplotlib Figure (no pyplot state), which
+notebooks display and the command line saves as PNG."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from matplotlib.figure import Figure
+
+
+def attention_grid(maps: Sequence[torch.Tensor], tokens: Sequence[str] | None = None,
+                   index: int = 0, title: str | None = None) -> Figure:
+    """Rows = layers, columns = heads: the attention of example ``index``, query on the y axis
+    (``origin="lower"``), key on the x axis, tick labels = the input tokens."""
+    if len(maps) == 0:
+        raise ValueError("attention_grid needs at least one layer's map")
+    layers, heads = len(maps), maps[0].shape[1]
+    fig = Figure(figsize=(3.2 * heads + 0.8, 3.0 * layers + 0.6), layout="constrained")
+    axes = fig.subplots(layers, heads, squeeze=False)
+    for layer, layer_maps in enumerate(maps):
+        for head in range(heads):
+            ax = axes[layer][head]
+            image = ax.imshow(layer_maps[index, head].detach().cpu().float().numpy(),
+                              origin="lower", vmin=0, cmap="viridis")
+            ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
+            if tokens is not None:
+                positions = range(len(tokens))
+                ax.set_xticks(positions, tokens, fontsize=7)
+                ax.set_yticks(positions, tokens, fontsize=7)
+            ax.set_xlabel("key")
+            ax.set_ylabel("query")
+            fig.colorbar(image, ax=ax, shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def training_curves(history: Sequence[dict], metric: str = "accuracy") -> Figure:
+    """Train loss and the validation metric per epoch."""
+    epochs = [h["epoch"] for h in history]
+    fig = Figure(figsize=(8, 3), layout="constrained")
+    loss_ax, metric_ax = fig.subplots(1, 2)
+    loss_ax.plot(epochs, [h["train_loss"] for h in history], marker="o")
+    loss_ax.set(xlabel="epoch", ylabel="train loss", yscale="log", title="training loss")
+    metric_ax.plot(epochs, [h[metric] for h in history], marker="o", color="tab:green")
+    metric_ax.set(xlabel="epoch", ylabel=f"validation {metric}", title=f"validation {metric}")
+    return fig

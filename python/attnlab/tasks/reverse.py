@@ -1,0 +1,91 @@
+"""Sequence reversal (SPEC.md §1): 16 digits in [0, 10), one-hot in, the reversed sequence out.
+A single attention head learns to look from position i to position 15 − i."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from ..models import TransformerPredictor
+from ..train import Task, TrainConfig
+
+
+@dataclass
+class ReverseConfig:
+    seq_len: int = 16
+    num_classes: int = 10
+    train_size: int = 50_000
+    val_size: int = 1_000
+    test_size: int = 10_000
+    batch_size: int = 128
+    model_dim: int = 32
+    num_heads: int = 1
+    num_layers: int = 1
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(
+        epochs=10, lr=5e-4, warmup=50, grad_clip=5.0))
+
+    def __post_init__(self):
+        if self.seq_len < 1 or self.num_classes < 2:
+            raise ValueError(f"need seq_len >= 1 and num_classes >= 2, got {self.seq_len}, "
+                             f"{self.num_classes}")
+        if self.train_size < self.batch_size or min(self.val_size, self.test_size) < 1:
+            raise ValueError(f"train_size ({self.train_size}) must hold at least one batch of "
+                             f"{self.batch_size}, and val/test sizes must be positive")
+
+
+def default_config(seed: int = 0) -> ReverseConfig:
+    """SPEC.md §1 exactly."""
+    return ReverseConfig(train=TrainConfig(epochs=10, lr=5e-4, warmup=50, grad_clip=5.0,
+                                           seed=seed))
+
+
+def fast_config(seed: int = 0) -> ReverseConfig:
+    """A small run that still reaches ≥ 99 % test accuracy (about 10 s on 2 cores)."""
+    return ReverseConfig(train_size=32_000, test_size=2_000,
+                         train=TrainConfig(epochs=6, lr=5e-4, warmup=50, grad_clip=5.0,
+                                           seed=seed))
+
+
+def one_hot(digits: torch.Tensor, num_classes: int) -> torch.Tensor:
+    return F.one_hot(digits, num_classes).float()
+
+
+def make_task(config: ReverseConfig) -> Task:
+    data_gen = torch.Generator().manual_seed(config.train.seed + 1)
+    splits = {name: torch.randint(config.num_classes, (size, config.seq_len), generator=data_gen)
+              for name, size in (("train", config.train_size), ("val", config.val_size),
+                                 ("test", config.test_size))}
+    torch.manual_seed(config.train.seed)
+    model = TransformerPredictor(input_dim=config.num_classes, model_dim=config.model_dim,
+                                 num_classes=config.num_classes, num_heads=config.num_heads,
+                                 num_layers=config.num_layers)
+    batches = config.train_size // config.batch_size  # the last partial batch is dropped
+
+    def train_batches(epoch, generator):
+        order = torch.randperm(config.train_size, generator=generator)
+        for b in range(batches):
+            digits = splits["train"][order[b * config.batch_size:(b + 1) * config.batch_size]]
+            yield one_hot(digits, config.num_classes), digits.flip(1)
+
+    def loss(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    @torch.no_grad()
+    def evaluate(model, split):
+        model.eval()
+        digits = splits[split]
+        correct = sum((model(one_hot(chunk, config.num_classes)).argmax(-1) == chunk.flip(1))
+                      .sum().item() for chunk in digits.split(1000))
+        return {"accuracy": correct / digits.numel()}
+
+    return Task(name="reverse", model=model, train_batches=train_batches,
+                batches_per_epoch=batches, loss=loss, evaluate=evaluate,
+                examples={"attention": one_hot(splits["test"][:1], config.num_classes)})
+
+
+def attention_example(task: Task):
+    """(maps, tokens) of one test sequence: one [1, H, L, L] map per layer, and its digits."""
+    inputs = task.examples["attention"]
+    return task.model.get_attention_maps(inputs), [str(d) for d in inputs[0].argmax(-1).tolist()]

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the text bar: tqdm.auto warns in kernels without ipywidgets
 
 from .nn import CosineWarmupScheduler
 

@@ -92,6 +92,7 @@ def test_real_fashion_mnist():
 
 def test_feature_extractor_shapes_and_cache(tmp_path):
     from attnlab.features import FEATURE_DIM, fashion_features
+    (tmp_path / "data").mkdir()
     folder = make_fashion_folder(tmp_path / "data", train=300, test=40)
     first = fashion_features(data_root=folder, cache_dir=tmp_path / "cache", epochs=1,
                              progress=False)

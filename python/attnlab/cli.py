@@ -56,6 +56,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     config = (module.fast_config if args.fast else module.default_config)(args.seed)
     if args.epochs is not None:
         config.train = dataclasses.replace(config.train, epochs=args.epochs)
+    if getattr(args, "data", None) is not None:
+        config.data = args.data
     out = Path(args.out or f"runs/{args.command}{'-fast' if args.fast else ''}")
     task = module.make_task(config)
     result = fit(task, config.train, out_dir=out, progress=not args.quiet)
@@ -99,6 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
     reverse.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
     reverse.add_argument("--quiet", action="store_true", help="no progress bars")
     reverse.set_defaults(handler=run_experiment)
+
+    anomaly = commands.add_parser(
+        "anomaly", help="train the set-anomaly transformer (SPEC.md §2) on Fashion-MNIST features")
+    anomaly.add_argument("--fast", action="store_true", help="3 short epochs")
+    anomaly.add_argument("--data", help="folder of the Fashion-MNIST idx files (default: Debian's "
+                         "dataset-fashion-mnist in /usr/share/datasets/fashion-mnist)")
+    anomaly.add_argument("--out", help="folder for results.json, plots and the checkpoint "
+                         "(default runs/anomaly[-fast]); an existing checkpoint there is resumed")
+    anomaly.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    anomaly.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
+    anomaly.add_argument("--quiet", action="store_true", help="no progress bars")
+    anomaly.set_defaults(handler=run_experiment)
     return parser
 
 

@@ -4,6 +4,7 @@ tutorial. Its penultimate activations are the features; they are cached on disk.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from .data import load_fashion_mnist
+from .data import FASHION_MNIST_DIR, load_fashion_mnist
 from .train import save_atomically, seed_everything
 
 FEATURE_DIM = 256
@@ -48,7 +49,10 @@ def fashion_features(data_root=None, cache_dir=None, epochs: int = 2, seed: int 
     """{"train": (features [60000, 256], labels), "test": (features [10000, 256], labels),
     "classifier_test_accuracy": float}, from the cache when present."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    cache = cache_dir / f"fashion_features_v{CACHE_VERSION}_e{epochs}_s{seed}.pt"
+    # One cache per data folder: features of one copy are never served for another.
+    source = Path(data_root if data_root is not None else FASHION_MNIST_DIR).resolve()
+    tag = hashlib.sha1(str(source).encode()).hexdigest()[:10]
+    cache = cache_dir / f"fashion_features_v{CACHE_VERSION}_e{epochs}_s{seed}_{tag}.pt"
     if cache.exists():
         try:
             return torch.load(cache, weights_only=False)

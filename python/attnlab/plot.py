@@ -26,7 +26,7 @@ def attention_grid(maps: Sequence[torch.Tensor], tokens: Sequence[str] | None = 
             ax.set_title(f"layer {layer + 1}, head {head + 1}", fontsize=9)
             if tokens is not None:
                 positions = range(len(tokens))
-                ax.set_xticks(positions, tokens, fontsize=7)
+                ax.set_xticks(positions, tokens, fontsize=7, rotation=90)
                 ax.set_yticks(positions, tokens, fontsize=7)
             ax.set_xlabel("key")
             ax.set_ylabel("query")

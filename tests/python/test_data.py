@@ -100,9 +100,13 @@ def test_feature_extractor_shapes_and_cache(tmp_path):
     assert (first["train"][0] >= 0).all()  # ReLU features
     cached = list((tmp_path / "cache").iterdir())
     assert len(cached) == 1
-    second = fashion_features(data_root=folder / "not-read", cache_dir=tmp_path / "cache",
-                              epochs=1, progress=False)  # served from the cache
+    second = fashion_features(data_root=folder, cache_dir=tmp_path / "cache", epochs=1,
+                              progress=False)
     assert torch.equal(first["train"][0], second["train"][0])
+    assert len(list((tmp_path / "cache").iterdir())) == 1  # served from the cache
+    with pytest.raises(DataError, match="pass a folder holding"):  # another folder: no reuse
+        fashion_features(data_root=tmp_path / "elsewhere", cache_dir=tmp_path / "cache",
+                         epochs=1, progress=False)
     cached[0].write_bytes(b"damaged")  # a damaged cache is rebuilt
     third = fashion_features(data_root=folder, cache_dir=tmp_path / "cache", epochs=1,
                              progress=False)

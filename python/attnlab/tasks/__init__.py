@@ -1,7 +1,7 @@
 """Experiments: each module builds a train.Task from its config dataclass."""
 
-from . import reverse
+from . import anomaly, reverse
 
-TASKS = {"reverse": reverse}
+TASKS = {"reverse": reverse, "anomaly": anomaly}
 
-__all__ = ["TASKS", "reverse"]
+__all__ = ["TASKS", "anomaly", "reverse"]

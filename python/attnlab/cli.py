@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -12,7 +15,7 @@ from .functional import scaled_dot_product_attention
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Prints attention outputs and weights for two small examples."""
+    """Prints attention outputs and weights of three small examples."""
     torch.manual_seed(args.seed)
     torch.set_printoptions(precision=4, sci_mode=False)
     info = build_info()
@@ -44,11 +47,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_experiment(args: argparse.Namespace) -> int:
     """Trains one experiment, prints its metrics, writes results.json and PNG plots."""
-    import dataclasses
-    import json
-    from pathlib import Path
-
-    from . import plot
+    from . import plot  # matplotlib and the experiments load only for the commands using them
     from .tasks import TASKS
     from .train import fit
 
@@ -72,12 +71,26 @@ def run_experiment(args: argparse.Namespace) -> int:
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(out / "results.json")
+
     def describe(split):
         return ", ".join(f"{split} {k} {100 * v:.2f} %" if k == "accuracy" else f"{split} {k} {v:.4f}"
                          for k, v in result[split].items())
     print(f"{args.command}: {describe('test')}, {describe('val')}; {result['seconds']:.1f} s of "
           f"training; results and plots in {out}/")
     return 0
+
+
+def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
+    """The options every experiment takes."""
+    parser = commands.add_parser(name, help=help_text)
+    parser.add_argument("--fast", action="store_true", help=fast_help)
+    parser.add_argument("--out", help=f"folder for results.json, plots and the checkpoint "
+                        f"(default runs/{name}[-fast]); an existing checkpoint there is resumed")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(handler=run_experiment)
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,28 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(handler=run_demo)
 
-    reverse = commands.add_parser(
-        "reverse", help="train the sequence-reversal transformer (SPEC.md §1) and plot its attention")
-    reverse.add_argument("--fast", action="store_true",
-                         help="a small configuration (about 10 s) that still reaches 99 %%")
-    reverse.add_argument("--out", help="folder for results.json, plots and the checkpoint "
-                         "(default runs/reverse[-fast]); an existing checkpoint there is resumed")
-    reverse.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    reverse.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
-    reverse.add_argument("--quiet", action="store_true", help="no progress bars")
-    reverse.set_defaults(handler=run_experiment)
-
-    anomaly = commands.add_parser(
-        "anomaly", help="train the set-anomaly transformer (SPEC.md §2) on Fashion-MNIST features")
-    anomaly.add_argument("--fast", action="store_true", help="3 short epochs")
+    add_experiment_parser(
+        commands, "reverse", "train the sequence-reversal transformer (SPEC.md §1) and plot its "
+        "attention", "a small configuration (about 10 s) that still reaches 99 %%")
+    anomaly = add_experiment_parser(
+        commands, "anomaly", "train the set-anomaly transformer (SPEC.md §2) on Fashion-MNIST "
+        "features", "3 short epochs (about half a minute)")
     anomaly.add_argument("--data", help="folder of the Fashion-MNIST idx files (default: Debian's "
                          "dataset-fashion-mnist in /usr/share/datasets/fashion-mnist)")
-    anomaly.add_argument("--out", help="folder for results.json, plots and the checkpoint "
-                         "(default runs/anomaly[-fast]); an existing checkpoint there is resumed")
-    anomaly.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    anomaly.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
-    anomaly.add_argument("--quiet", action="store_true", help="no progress bars")
-    anomaly.set_defaults(handler=run_experiment)
     return parser
 
 

@@ -65,6 +65,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     plot.attention_grid(maps, tokens, title=f"{args.command}: attention of a test example") \
         .savefig(out / "attention.png", dpi=120)
     plot.training_curves(result["history"]).savefig(out / "training.png", dpi=120)
+    for name, figure in getattr(module, "extra_figures", lambda task: {})(task).items():
+        figure.savefig(out / f"{name}.png", dpi=120)
     summary = {"experiment": args.command, "fast": args.fast, "config": dataclasses.asdict(config),
                "val": result["val"], "test": result["test"], "seconds": result["seconds"],
                "history": result["history"], "build": build_info()}

@@ -46,3 +46,32 @@ def training_curves(history: Sequence[dict], metric: str = "accuracy") -> Figure
     metric_ax.plot(epochs, [h[metric] for h in history], marker="o", color="tab:green")
     metric_ax.set(xlabel="epoch", ylabel=f"validation {metric}", title=f"validation {metric}")
     return fig
+
+
+def image_sets(images: torch.Tensor, probabilities: torch.Tensor, names: Sequence[Sequence[str]],
+               title: str | None = None) -> Figure:
+    """One row per set: its images with the class name and the model's probability of being
+    the odd one out; the true anomaly (last) is framed in green, the model's pick, when it
+    differs, in red. images [S, N, H, W], probabilities [S, N]."""
+    sets, size = images.shape[:2]
+    if sets == 0:
+        raise ValueError("image_sets needs at least one set")
+    fig = Figure(figsize=(1.3 * size, 1.55 * sets + 0.5), layout="constrained")
+    axes = fig.subplots(sets, size, squeeze=False)
+    for s in range(sets):
+        pick = int(probabilities[s].argmax())
+        for i in range(size):
+            ax = axes[s][i]
+            ax.imshow(images[s, i].cpu().numpy(), cmap="gray_r")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(f"{names[s][i]}\np={float(probabilities[s, i]):.2f}", fontsize=7)
+            color = "tab:green" if i == size - 1 else ("tab:red" if i == pick else None)
+            for spine in ax.spines.values():
+                spine.set_visible(color is not None)
+                if color:
+                    spine.set_color(color)
+                    spine.set_linewidth(3)
+    if title:
+        fig.suptitle(title)
+    return fig

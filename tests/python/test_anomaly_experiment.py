@@ -24,7 +24,8 @@ def test_anomaly_fast_reaches_94_percent(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["test"]["accuracy"] >= 0.94
-    assert (tmp_path / "attention.png").stat().st_size > 0
+    for name in ("attention.png", "training.png", "sets.png", "mistakes.png"):
+        assert (tmp_path / name).stat().st_size > 0
 
 
 def test_set_model_is_permutation_equivariant():

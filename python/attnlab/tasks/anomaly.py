@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from .. import plot
+from ..data import FASHION_MNIST_CLASSES, load_fashion_mnist
 from ..features import fashion_features
 from ..models import TransformerPredictor
 from ..train import Task, TrainConfig
@@ -87,12 +89,36 @@ def make_task(config: AnomalyConfig, progress: bool = True) -> Task:
 
     return Task(name="anomaly", model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate,
-                examples={"attention": pools["test"][0][fixed["test"][:1]],
-                          "labels": pools["test"][1][fixed["test"][:1]]})
+                examples={"test_sets": fixed["test"], "test_features": pools["test"][0],
+                          "test_labels": pools["test"][1], "data": config.data})
 
 
 def attention_example(task: Task):
     """(maps, tokens) of one test set: one [1, H, 10, 10] map per layer, and its class names."""
-    from ..data import FASHION_MNIST_CLASSES
-    maps = task.model.get_attention_maps(task.examples["attention"])
-    return maps, [FASHION_MNIST_CLASSES[c][:7] for c in task.examples["labels"][0].tolist()]
+    first = task.examples["test_sets"][:1]
+    maps = task.model.get_attention_maps(task.examples["test_features"][first])
+    return maps, [FASHION_MNIST_CLASSES[c][:7] for c in task.examples["test_labels"][first[0]].tolist()]
+
+
+@torch.no_grad()
+def extra_figures(task: Task, shown: int = 4) -> dict:
+    """{"sets": the first test sets with the model's probabilities, "mistakes": test sets the
+    model gets wrong} as figures of the images."""
+    task.model.eval()
+    sets = task.examples["test_sets"]
+    probabilities = torch.cat([task.model(task.examples["test_features"][chunk]).squeeze(-1)
+                               .softmax(-1) for chunk in sets.split(500)])
+    images = load_fashion_mnist(task.examples["data"])["test"][0]
+    labels = task.examples["test_labels"]
+
+    def figure(rows, title):
+        rows = rows[:shown]
+        names = [[FASHION_MNIST_CLASSES[c][:11] for c in labels[sets[r]].tolist()] for r in rows]
+        return plot.image_sets(images[sets[rows]], probabilities[rows], names, title)
+
+    wrong = (probabilities.argmax(-1) != SET_SIZE - 1).nonzero().flatten()
+    figures = {"sets": figure(torch.arange(len(sets)), "test sets: the anomaly is framed green")}
+    if len(wrong):
+        figures["mistakes"] = figure(wrong, f"{len(wrong)} of {len(sets)} test sets missed "
+                                            f"(model's pick in red)")
+    return figures

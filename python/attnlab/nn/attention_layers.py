@@ -58,18 +58,20 @@ class ScaledDotProductAttention(AttentionLayer):
 
     scale: float | None = None  # None: 1/sqrt(d)
 
-    def get_scores(self, features: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _check_widths(features: torch.Tensor, queries: torch.Tensor):
         _check_pair(features, queries)
         if features.shape[-1] != queries.shape[-1]:
             raise ValueError(f"queries have {queries.shape[-1]} features but the objects have "
                              f"{features.shape[-1]}; dot-product attention needs equal widths")
+
+    def get_scores(self, features: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+        self._check_widths(features, queries)
         scale = 1 / math.sqrt(queries.shape[-1]) if self.scale is None else self.scale
         return queries @ features.transpose(-2, -1) * scale
 
     def _attend(self, features, queries, mask):
-        if features.shape[-1] != queries.shape[-1]:
-            raise ValueError(f"queries have {queries.shape[-1]} features but the objects have "
-                             f"{features.shape[-1]}; dot-product attention needs equal widths")
+        self._check_widths(features, queries)
         return scaled_dot_product_attention(queries, features, features, attn_mask=mask,
                                             scale=self.scale, need_weights=True)
 

@@ -11,7 +11,6 @@ Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 

@@ -5,7 +5,6 @@ import math
 import pytest
 import torch
 
-import attnlab
 from attnlab.nn import (AdditiveAttention, MultiplicativeAttention, ScaledDotProductAttention,
                         autoregressive_mask)
 

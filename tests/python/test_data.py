@@ -1,7 +1,6 @@
 """Reading idx files, and every way they can be wrong."""
 
 import gzip
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -1,6 +1,5 @@
 """Every notebook runs from top to bottom in its small mode (nothing is written back)."""
 
-import os
 from pathlib import Path
 
 import nbformat

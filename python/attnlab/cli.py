@@ -55,8 +55,10 @@ def run_experiment(args: argparse.Namespace) -> int:
     config = (module.fast_config if args.fast else module.default_config)(args.seed)
     if args.epochs is not None:
         config.train = dataclasses.replace(config.train, epochs=args.epochs)
-    if getattr(args, "data", None) is not None:
-        config.data = args.data
+    own_options = {option: getattr(args, option) for option in ("data", "dataset", "weights",
+                                                                "image_size")
+                   if getattr(args, option, None) is not None}
+    config = dataclasses.replace(config, **own_options)  # validated again
     out = Path(args.out or f"runs/{args.command}{'-fast' if args.fast else ''}")
     task = module.make_task(config)
     result = fit(task, config.train, out_dir=out, progress=not args.quiet)
@@ -67,8 +69,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     plot.training_curves(result["history"]).savefig(out / "training.png", dpi=120)
     for name, figure in getattr(module, "extra_figures", lambda task: {})(task).items():
         figure.savefig(out / f"{name}.png", dpi=120)
+    splits = [split for split in ("test", "val", "train") if split in result]
     summary = {"experiment": args.command, "fast": args.fast, "config": dataclasses.asdict(config),
-               "val": result["val"], "test": result["test"], "seconds": result["seconds"],
+               **{split: result[split] for split in splits}, "seconds": result["seconds"],
                "history": result["history"], "build": build_info()}
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
@@ -77,7 +80,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     def describe(split):
         return ", ".join(f"{split} {k} {100 * v:.2f} %" if k == "accuracy" else f"{split} {k} {v:.4f}"
                          for k, v in result[split].items())
-    print(f"{args.command}: {describe('test')}, {describe('val')}; {result['seconds']:.1f} s of "
+    print(f"{args.command}: {', '.join(map(describe, splits))}; {result['seconds']:.1f} s of "
           f"training; results and plots in {out}/")
     return 0
 
@@ -112,8 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     anomaly = add_experiment_parser(
         commands, "anomaly", "train the set-anomaly transformer (SPEC.md §2) on Fashion-MNIST "
         "features", "3 short epochs (about half a minute)")
-    anomaly.add_argument("--data", help="folder of the Fashion-MNIST idx files (default: Debian's "
-                         "dataset-fashion-mnist in /usr/share/datasets/fashion-mnist)")
+    anomaly.add_argument("--dataset", choices=["fashion-mnist", "cifar100"],
+                         help="fashion-mnist (default: features of a small CNN trained here) or "
+                         "cifar100 (the tutorial's setting: ImageNet ResNet-34 features; needs "
+                         "torchvision, --data and the weights)")
+    anomaly.add_argument("--data", help="fashion-mnist: folder of the idx files (default: Debian's "
+                         "dataset-fashion-mnist in /usr/share/datasets/fashion-mnist); cifar100: "
+                         "the unpacked cifar-100-python folder")
+    anomaly.add_argument("--weights", help="cifar100: torchvision's ResNet-34 ImageNet state_dict "
+                         "(default: resnet34-b627a593.pth in the torch hub cache)")
+    anomaly.add_argument("--image-size", type=int, help="cifar100: side the images are resized "
+                         "to for the ResNet (default 224)")
     return parser
 
 
@@ -130,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from .train import CheckpointError
     try:
         return args.handler(args)
-    except (ValueError, OSError, CheckpointError, FloatingPointError) as error:
+    except (ValueError, OSError, ImportError, CheckpointError, FloatingPointError) as error:
         print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
         return 1
 

@@ -1,12 +1,15 @@
 """Data sets read from local files: no downloads at run time.
 
 Fashion-MNIST comes from Debian's package ``dataset-fashion-mnist`` (the standard idx files in
-/usr/share/datasets/fashion-mnist), or any folder holding the same four files."""
+/usr/share/datasets/fashion-mnist), or any folder holding the same four files. CIFAR-100, for
+the tutorial's own set-anomaly setting, comes from a folder the user gives."""
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import os
+import pickle
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +74,76 @@ def load_fashion_mnist(root: str | os.PathLike | None = None) -> dict:
             raise DataError(f"{root / label_file}: label {int(labels.max())} is not a class")
         splits[split] = (images, labels.long())
     return splits
+
+
+# CIFAR-100, "python version" (cifar-100-python.tar.gz unpacked): the files train, test and meta,
+# each a pickled dict. The reader unpickles only plain containers and numpy arrays.
+CIFAR100_FILES = ("train", "test", "meta")
+
+
+class _ArraysOnlyUnpickler(pickle.Unpickler):
+    """Refuses every global but the ones a pickled numpy array needs, so a foreign pickle cannot
+    run code while it is read."""
+
+    # Named as the pickle names them; looked up on numpy objects, not by import, because
+    # numpy 2 moved (and deprecated) numpy.core. Protocol 2 (Python 2's files) rebuilds arrays
+    # with _reconstruct and Python 3 bytes with _codecs.encode; protocol 5 uses _frombuffer.
+    ALLOWED = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype,
+               ("_codecs", "encode"): codecs.encode}
+    for _module in ("numpy.core", "numpy._core"):
+        ALLOWED[f"{_module}.multiarray", "_reconstruct"] = np.ndarray((0,)).__reduce__()[0]
+        ALLOWED[f"{_module}.numeric", "_frombuffer"] = np.zeros(1).__reduce_ex__(5)[0]
+    del _module
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return self.ALLOWED[module, name]
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _read_cifar_pickle(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            content = _ArraysOnlyUnpickler(f, encoding="latin1").load()
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist; expected the CIFAR-100 python version's "
+                        f"files {', '.join(CIFAR100_FILES)} in {path.parent}") from None
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError,
+            IndexError, OSError) as error:
+        raise DataError(f"{path} is not a readable CIFAR-100 pickle: {error}") from None
+    if not isinstance(content, dict):
+        raise DataError(f"{path} holds a {type(content).__name__}, not a CIFAR-100 dict")
+    return content
+
+
+def load_cifar100(root: str | os.PathLike) -> dict:
+    """{"train": (images [N, 3, 32, 32] uint8, fine labels [N] int64), "test": (...),
+    "classes": [100 names]} from a ``cifar-100-python`` folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"CIFAR-100 not found: {root} is not a folder; pass the unpacked "
+                        f"cifar-100-python folder (files {', '.join(CIFAR100_FILES)})")
+    classes = _read_cifar_pickle(root / "meta").get("fine_label_names")
+    if not isinstance(classes, list) or not classes:
+        raise DataError(f"{root / 'meta'} has no fine_label_names list")
+    result = {"classes": [str(c) for c in classes]}
+    for split in ("train", "test"):
+        content = _read_cifar_pickle(root / split)
+        data, labels = content.get("data"), content.get("fine_labels")
+        if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2 \
+                or data.shape[1] != 3 * 32 * 32:
+            raise DataError(f"{root / split}: 'data' must be a uint8 array [N, 3072], got "
+                            f"{getattr(data, 'dtype', type(data).__name__)} "
+                            f"{list(getattr(data, 'shape', []))}")
+        if len(data) == 0:
+            raise DataError(f"{root / split} holds no images")
+        if labels is None or len(labels) != len(data):
+            raise DataError(f"{root / split}: 'fine_labels' must hold one label per image "
+                            f"({len(data)}), got {None if labels is None else len(labels)}")
+        labels = torch.as_tensor(np.asarray(labels, dtype=np.int64))
+        if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= len(classes)):
+            raise DataError(f"{root / split}: labels must lie in [0, {len(classes)}), got "
+                            f"[{int(labels.min())}, {int(labels.max())}]")
+        images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
+        result[split] = (images, labels)
+    return result

@@ -85,3 +85,73 @@ def fashion_features(data_root=None, cache_dir=None, epochs: int = 2, seed: int 
     cache_dir.mkdir(parents=True, exist_ok=True)
     save_atomically(result, cache)
     return result
+
+
+# The tutorial's setting: CIFAR-100 through an ImageNet-trained ResNet-34 without its classifier.
+RESNET34_WEIGHTS = "resnet34-b627a593.pth"  # torchvision's file name for the ImageNet weights
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def default_resnet_weights() -> Path:
+    """Where torchvision keeps downloaded weights: $TORCH_HOME/hub/checkpoints."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / RESNET34_WEIGHTS
+
+
+def _file_tag(*paths: Path) -> str:
+    """Names a cache after its inputs (path, size, modification time)."""
+    key = "|".join(f"{p.resolve()}:{p.stat().st_size}:{p.stat().st_mtime_ns}" if p.is_file()
+                   else str(p.resolve()) for p in paths)
+    return hashlib.sha1(key.encode()).hexdigest()[:10]
+
+
+def cifar_resnet_features(data_root, weights=None, image_size: int = 224, cache_dir=None,
+                          progress: bool = True) -> dict:
+    """{"train": (features [N, 512], labels), "test": (...), "classes": names}: CIFAR-100
+    images resized to ``image_size``, normalised with the ImageNet statistics, through a
+    torchvision ResNet-34 whose classifier is removed. ``weights`` is a ResNet-34 state_dict
+    file (default: torchvision's ImageNet file in the torch hub cache); nothing is downloaded."""
+    try:
+        import torchvision
+    except ImportError:
+        raise ImportError("the CIFAR-100 path needs torchvision: pip install torchvision") from None
+    from .data import DataError, load_cifar100
+
+    weights = Path(weights) if weights is not None else default_resnet_weights()
+    if not weights.is_file():
+        raise DataError(f"ResNet-34 weights not found at {weights}; put torchvision's "
+                        f"{RESNET34_WEIGHTS} (ImageNet) there or pass its path")
+    if image_size < 32:
+        raise ValueError(f"image_size must be at least 32, got {image_size}")
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    data_root = Path(data_root)
+    cache = cache_dir / (f"cifar100_resnet34_v{CACHE_VERSION}_{image_size}px_"
+                         f"{_file_tag(data_root / 'train', data_root / 'test', weights)}.pt")
+    if cache.exists():
+        try:
+            return torch.load(cache, weights_only=False)
+        except Exception:  # a damaged cache is rebuilt, not trusted
+            cache.unlink()
+    data = load_cifar100(data_root)
+    net = torchvision.models.resnet34(weights=None)
+    try:
+        net.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
+    except Exception as error:
+        raise DataError(f"{weights} is not a ResNet-34 state_dict: {error}") from None
+    net.fc = nn.Identity()
+    net.eval()
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    result = {"classes": data["classes"]}
+    with torch.no_grad():
+        for split in ("train", "test"):
+            images, labels = data[split]
+            chunks = []
+            for chunk in tqdm(images.split(64), desc=f"ResNet-34 features ({split})",
+                              disable=not progress, leave=False):
+                x = nn.functional.interpolate(chunk.float() / 255.0, size=image_size,
+                                              mode="bilinear", antialias=False)
+                chunks.append(net((x - mean) / std))
+            result[split] = (torch.cat(chunks), labels)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    save_atomically(result, cache)
+    return result

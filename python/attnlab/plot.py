@@ -37,14 +37,20 @@ def attention_grid(maps: Sequence[torch.Tensor], tokens: Sequence[str] | None = 
 
 
 def training_curves(history: Sequence[dict], metric: str = "accuracy") -> Figure:
-    """Train loss and the validation metric per epoch."""
+    """Train loss, and the validation metric per epoch (with the training one, measured
+    during training, when the history has it)."""
     epochs = [h["epoch"] for h in history]
     fig = Figure(figsize=(8, 3), layout="constrained")
     loss_ax, metric_ax = fig.subplots(1, 2)
     loss_ax.plot(epochs, [h["train_loss"] for h in history], marker="o")
     loss_ax.set(xlabel="epoch", ylabel="train loss", yscale="log", title="training loss")
-    metric_ax.plot(epochs, [h[metric] for h in history], marker="o", color="tab:green")
-    metric_ax.set(xlabel="epoch", ylabel=f"validation {metric}", title=f"validation {metric}")
+    metric_ax.plot(epochs, [h[metric] for h in history], marker="o", color="tab:green",
+                   label="validation")
+    if all(f"train_{metric}" in h for h in history):
+        metric_ax.plot(epochs, [h[f"train_{metric}"] for h in history], marker=".",
+                       color="tab:gray", label="train (dropout on)")
+        metric_ax.legend()
+    metric_ax.set(xlabel="epoch", ylabel=metric, title=metric)
     return fig
 
 
@@ -52,7 +58,8 @@ def image_sets(images: torch.Tensor, probabilities: torch.Tensor, names: Sequenc
                title: str | None = None) -> Figure:
     """One row per set: its images with the class name and the model's probability of being
     the odd one out; the true anomaly (last) is framed in green, the model's pick, when it
-    differs, in red. images [S, N, H, W], probabilities [S, N]."""
+    differs, in red. images [S, N, H, W] (grey) or [S, N, 3, H, W] (colour), probabilities
+    [S, N]."""
     sets, size = images.shape[:2]
     if sets == 0:
         raise ValueError("image_sets needs at least one set")
@@ -62,7 +69,10 @@ def image_sets(images: torch.Tensor, probabilities: torch.Tensor, names: Sequenc
         pick = int(probabilities[s].argmax())
         for i in range(size):
             ax = axes[s][i]
-            ax.imshow(images[s, i].cpu().numpy(), cmap="gray_r")
+            if images.dim() == 5:
+                ax.imshow(images[s, i].permute(1, 2, 0).cpu().numpy())
+            else:
+                ax.imshow(images[s, i].cpu().numpy(), cmap="gray_r")
             ax.set_xticks([])
             ax.set_yticks([])
             ax.set_title(f"{names[s][i]}\np={float(probabilities[s, i]):.2f}", fontsize=7)

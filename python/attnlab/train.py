@@ -41,8 +41,10 @@ class Task:
     """What an experiment gives the loop: a model, its data, its loss and metric.
 
     ``train_batches(epoch, generator)`` yields (inputs, targets) for one epoch;
-    ``evaluate(model, split)`` returns a metric dict for "val" or "test"; ``examples`` holds
-    inputs the experiment's plots use."""
+    ``evaluate(model, split)`` returns a metric dict for each split in ``final_splits`` (always
+    "val" and "test"; "train" where the experiment reports it); ``accuracy(outputs, targets)``,
+    when given, is the fraction of a training batch predicted right, shown while training;
+    ``examples`` holds inputs the experiment's plots use."""
 
     name: str
     model: nn.Module
@@ -51,6 +53,8 @@ class Task:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     evaluate: Callable[[nn.Module, str], dict]
     examples: dict = field(default_factory=dict)
+    accuracy: Callable[[torch.Tensor, torch.Tensor], float] | None = None
+    final_splits: tuple[str, ...] = ("val", "test")
 
 
 class CheckpointError(RuntimeError):
@@ -94,8 +98,8 @@ def load_checkpoint(path: Path, task_name: str) -> dict:
 
 def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = None,
         progress: bool = True) -> dict:
-    """Trains ``task.model``; returns {"history": [...per epoch...], "val": ..., "test": ...,
-    "seconds": ...}. With ``out_dir``, writes ``checkpoint.pt`` after every epoch and resumes
+    """Trains ``task.model``; returns {"history": [...per epoch...], "seconds": ..., and one
+    metric dict per split of ``task.final_splits``}. With ``out_dir``, writes ``checkpoint.pt`` after every epoch and resumes
     from it when it exists."""
     seed_everything(config.seed)
     model = task.model
@@ -123,12 +127,13 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
     for epoch in range(start_epoch, config.epochs):
         started = time.perf_counter()
         model.train()
-        losses = []
+        losses, accuracies = [], []
         bar = tqdm(task.train_batches(epoch, generator), total=task.batches_per_epoch,
                    desc=f"{task.name} epoch {epoch + 1}/{config.epochs}", disable=not progress,
                    leave=False)
         for inputs, targets in bar:
-            loss = task.loss(model(inputs), targets)
+            outputs = model(inputs)
+            loss = task.loss(outputs, targets)
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{task.name}: the loss became {loss.item()} in epoch "
                                          f"{epoch + 1}; lower the learning rate")
@@ -138,10 +143,18 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+            shown = {"loss": f"{losses[-1]:.4f}"}
+            if task.accuracy is not None:
+                with torch.no_grad():
+                    accuracies.append(float(task.accuracy(outputs, targets)))
+                shown["acc"] = f"{accuracies[-1]:.3f}"
+            bar.set_postfix(**shown, lr=f"{scheduler.get_last_lr()[0]:.2e}")
         val = task.evaluate(model, "val")
         seconds += time.perf_counter() - started
-        history.append({"epoch": epoch + 1, "train_loss": float(np.mean(losses)), **val})
+        epoch_record = {"epoch": epoch + 1, "train_loss": float(np.mean(losses))}
+        if accuracies:  # measured during training, with dropout on
+            epoch_record["train_accuracy"] = float(np.mean(accuracies))
+        history.append({**epoch_record, **val})
         if progress:
             tqdm.write(f"{task.name} epoch {epoch + 1}: train loss {history[-1]['train_loss']:.4f}"
                        + "".join(f", val {k} {v:.4f}" for k, v in val.items()))
@@ -152,5 +165,5 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
                              "generator": generator.get_state(), "rng": _rng_state(),
                              "history": history, "seconds": seconds,
                              "train_config": dataclasses.asdict(config)}, checkpoint)
-    return {"history": history, "val": task.evaluate(model, "val"),
-            "test": task.evaluate(model, "test"), "seconds": seconds}
+    return {"history": history, "seconds": seconds,
+            **{split: task.evaluate(model, split) for split in task.final_splits}}

@@ -79,8 +79,11 @@ def make_task(config: ReverseConfig) -> Task:
                       .sum().item() for chunk in digits.split(1000))
         return {"accuracy": correct / digits.numel()}
 
+    def accuracy(logits, targets):
+        return (logits.argmax(-1) == targets).float().mean()
+
     return Task(name="reverse", model=model, train_batches=train_batches,
-                batches_per_epoch=batches, loss=loss, evaluate=evaluate,
+                batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
                 examples={"attention": one_hot(splits["test"][:1], config.num_classes)})
 
 

@@ -83,11 +83,14 @@ def make_task(config: AnomalyConfig, progress: bool = True) -> Task:
     pools = {"train": (train_features[train_idx], train_labels[train_idx]),
              "val": (train_features[val_idx], train_labels[val_idx]),
              "test": features["test"]}
-    # Fixed sets, one per image as the anomaly; "train" measures the fit on a draw of training
-    # sets (training itself sees new sets every epoch).
+    # Fixed sets: one per image as the anomaly for validation and test; "train" measures the fit
+    # on a draw of training sets as many as the test sets (training sees new sets every epoch).
     fixed = {split: sample_sets(pools[split][1], torch.arange(len(pools[split][1])),
                                 torch.Generator().manual_seed(1000 + i))
-             for i, split in enumerate(("val", "test", "train"))}
+             for i, split in enumerate(("val", "test"))}
+    draw = torch.Generator().manual_seed(1002)
+    train_anomalies = torch.randperm(len(pools["train"][1]), generator=draw)[:len(fixed["test"])]
+    fixed["train"] = sample_sets(pools["train"][1], train_anomalies, draw)
     torch.manual_seed(config.train.seed)
     model = TransformerPredictor(input_dim=train_features.shape[1], model_dim=config.model_dim,
                                  num_classes=1, num_heads=config.num_heads,

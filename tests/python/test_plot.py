@@ -34,3 +34,10 @@ def test_training_curves():
     fig = plot.training_curves([{"epoch": 1, "train_loss": 1.0, "accuracy": 0.5},
                                 {"epoch": 2, "train_loss": 0.5, "accuracy": 0.9}])
     assert len(fig.axes) == 2
+    assert len(fig.axes[1].lines) == 1  # validation only
+    with_train = plot.training_curves([{"epoch": 1, "train_loss": 1.0, "accuracy": 0.5,
+                                        "train_accuracy": 0.4},
+                                       {"epoch": 2, "train_loss": 0.5, "accuracy": 0.9,
+                                        "train_accuracy": 0.8}])
+    train_line = with_train.axes[1].lines[1]
+    assert list(train_line.get_ydata()) == [0.4, 0.8]

@@ -57,7 +57,10 @@ def run_experiment(args: argparse.Namespace) -> int:
         config.train = dataclasses.replace(config.train, epochs=args.epochs)
     if getattr(args, "data", None) is not None:
         config.data = args.data
-    out = Path(args.out or f"runs/{args.command}{'-fast' if args.fast else ''}")
+    # Experiments with options of their own apply them and may name their runs by them.
+    config = getattr(module, "apply_options", lambda config, args: config)(config, args)
+    run_name = getattr(module, "run_name", lambda config: args.command)(config)
+    out = Path(args.out or f"runs/{run_name}{'-fast' if args.fast else ''}")
     task = module.make_task(config)
     result = fit(task, config.train, out_dir=out, progress=not args.quiet)
 
@@ -114,6 +117,21 @@ def build_parser() -> argparse.ArgumentParser:
         "features", "3 short epochs (about half a minute)")
     anomaly.add_argument("--data", help="folder of the Fashion-MNIST idx files (default: Debian's "
                          "dataset-fashion-mnist in /usr/share/datasets/fashion-mnist)")
+    permutation = add_experiment_parser(
+        commands, "permutation", "train the LSTM + attention model on permutation composition "
+        "(SPEC.md §4) and plot where it looks", "2 epochs of 300 batches (about 20 s)")
+    permutation.add_argument("--attention", choices=("additive", "multiplicative", "scaled"),
+                             help="how queries score the objects (default scaled)")
+    permutation.add_argument("--position", choices=("add", "concat", "none"),
+                             help="positional encoding added to the embeddings, concatenated "
+                             "to them, or none (default add)")
+    permutation.add_argument("--autoregressive", action="store_true", default=None,
+                             help="query i may attend to positions j <= i only")
+    text = add_experiment_parser(
+        commands, "text", "train the sentiment classifier (SPEC.md §5) on an aclImdb folder",
+        "2 epochs over reviews cut to 100 tokens")
+    text.add_argument("--data", help="the aclImdb folder (train|test / pos|neg / *.txt); IMDB "
+                      "cannot be downloaded here, so this option is needed")
     return parser
 
 

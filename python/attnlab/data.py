@@ -93,8 +93,8 @@ def load_imdb(root: str | os.PathLike | None) -> dict:
                if not (root / split / label).is_dir()]
     if missing:
         raise DataError(f"{root} is not an aclImdb folder: it lacks the sub-folder(s) "
-                        f"{', '.join(missing)} (expected train/pos, train/neg, test/pos, "
-                        f"test/neg holding one review per .txt file)")
+                        f"{', '.join(missing)} (expected train/neg, train/pos, test/neg, "
+                        f"test/pos, each holding one review per .txt file)")
     splits = {}
     for split in IMDB_SPLITS:
         texts, labels = [], []

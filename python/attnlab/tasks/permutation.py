@@ -29,13 +29,17 @@ class PermutationConfig:
     autoregressive: bool = False     # query i attends to positions j <= i only
     embed_dim: int = 32
     additive_hidden: int = 32        # hidden size of the additive (Bahdanau) scores
-    position_scale: float = 10000.0  # the sinusoids' base (PositionalEncoder's scale)
+    # The sinusoids' base (PositionalEncoder's scale). Below 1 the frequencies run from 1 to
+    # 1/scale radians per position, so the 2n codes are nearly orthogonal: a bounded LSTM
+    # query can then single out one position, even through the 1/sqrt(d) of scaled scores.
+    # With 10000 neighbouring codes are alike and scaled attention stalls near 92 %.
+    position_scale: float = 0.1
     batch_size: int = 64
     batches_per_epoch: int = 500
     val_size: int = 1_000
     test_size: int = 10_000
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        epochs=6, lr=3e-3, warmup=100, grad_clip=5.0))
+        epochs=4, lr=3e-3, warmup=100, grad_clip=5.0))
 
     def __post_init__(self):
         if self.attention not in ATTENTION_KINDS:
@@ -61,7 +65,7 @@ class PermutationConfig:
 
 
 def default_config(seed: int = 0) -> PermutationConfig:
-    """The full run: 6 epochs of 500 fresh batches of 64 (a few minutes on 2 cores)."""
+    """The full run: 4 epochs of 500 fresh batches of 64 (under a minute on one core)."""
     return PermutationConfig(train=dataclasses.replace(PermutationConfig().train, seed=seed))
 
 
@@ -79,8 +83,17 @@ def permutation_batch(batch_size: int, n: int, generator: torch.Generator | None
         raise ValueError(f"batch_size and n must be at least 1, got {batch_size} and {n}")
     p1 = torch.rand(batch_size, n, generator=generator).argsort(-1)
     p2 = torch.rand(batch_size, n, generator=generator).argsort(-1)
+    inputs = torch.cat([p1, p2], 1)
+    return inputs, composition_targets(inputs)
+
+
+def composition_targets(inputs: torch.Tensor) -> torch.Tensor:
+    """[B, 2n] → [B, 2n]: n zeros, then p₃[i] = p₁[p₂[i]] for inputs = p₁ followed by p₂."""
+    if inputs.dim() != 2 or inputs.shape[1] % 2:
+        raise ValueError(f"inputs must be [batch, 2n], got shape {list(inputs.shape)}")
+    p1, p2 = inputs.chunk(2, dim=1)
     p3 = p1.gather(1, p2)
-    return torch.cat([p1, p2], 1), torch.cat([torch.zeros_like(p3), p3], 1)
+    return torch.cat([torch.zeros_like(p3), p3], 1)
 
 
 class PermutationModel(nn.Module):
@@ -90,7 +103,7 @@ class PermutationModel(nn.Module):
 
     def __init__(self, n: int, embed_dim: int, attention: str = "scaled", position: str = "add",
                  autoregressive: bool = False, additive_hidden: int = 32,
-                 position_scale: float = 10000.0):
+                 position_scale: float = 0.1):
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got "

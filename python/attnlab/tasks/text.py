@@ -237,7 +237,7 @@ NEUTRAL_WORDS = ("the", "a", "film", "movie", "plot", "story", "actor", "actress
 
 def write_demo_corpus(root: str | Path, reviews_per_label: int = 100, seed: int = 0) -> Path:
     """Writes a small corpus in the aclImdb layout (train|test / pos|neg / <i>_<rating>.txt)
-    whose classes are clearly separable: every review is neutral filler with three words from
+    whose classes are clearly separable: every review is neutral filler with five words from
     its own class's word set. For tests and demonstrations where IMDB is not at hand."""
     if reviews_per_label < 1:
         raise ValueError(f"reviews_per_label must be at least 1, got {reviews_per_label}")
@@ -247,8 +247,8 @@ def write_demo_corpus(root: str | Path, reviews_per_label: int = 100, seed: int 
             folder = root / split / label
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(reviews_per_label):
-                words = rng.choices(NEUTRAL_WORDS, k=rng.randint(20, 60))
-                for word in rng.choices(sentiment_words, k=3):
+                words = rng.choices(NEUTRAL_WORDS, k=rng.randint(20, 50))
+                for word in rng.choices(sentiment_words, k=5):
                     words.insert(rng.randint(0, len(words)), word)
                 rating = rng.randint(7, 10) if label == "pos" else rng.randint(1, 4)
                 text = " ".join(words).capitalize() + ".<br /><br />" + rng.choice(NEUTRAL_WORDS)

@@ -143,7 +143,8 @@ def test_interrupted_run_resumes_to_the_same_metrics(demo_corpus, tmp_path, one_
 def test_config_validation():
     with pytest.raises(ValueError, match="val_fraction must be between 0 and 1, got 1.5"):
         text.TextConfig(val_fraction=1.5)
-    with pytest.raises(ValueError, match="max_len \\(300\\) must not exceed max_positions \\(200\\)"):
+    with pytest.raises(ValueError,
+                       match="max_len \\(300\\) must not exceed max_positions \\(200\\)"):
         text.TextConfig(max_len=300, max_positions=200)
     with pytest.raises(ValueError, match="optimizer must be one of adam, adamw, got 'sgd'"):
         TrainConfig(optimizer="sgd")

@@ -194,7 +194,8 @@ def attention_example(task: Task):
     return [task.model.attention_map(inputs).unsqueeze(1)], [str(d) for d in inputs[0].tolist()]
 
 
-def marked_attention_figure(model: PermutationModel, inputs: torch.Tensor, title: str | None = None):
+def marked_attention_figure(model: PermutationModel, inputs: torch.Tensor,
+                            title: str | None = None):
     """The attention map of the sequence ``inputs`` [2n], the cells (n + i, p₂[i]) framed."""
     n = inputs.shape[0] // 2
     weights = model.attention_map(inputs.unsqueeze(0))[0]

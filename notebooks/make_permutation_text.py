@@ -93,8 +93,7 @@ for kind in KINDS:
     result = fit(task, config.train, out_dir=OUT / config.variant, progress=False)
     runs[kind] = (task, result)
     print(f"{kind:>14}: test accuracy {100 * result['test']['accuracy']:.2f} %, arg-max on p2 "
-          f"{100 * result['test']['argmax_on_p2']:.2f} %, {result['seconds']:.0f} s of training "
-          f"({len(task.examples['attention'])} map example)")
+          f"{100 * result['test']['argmax_on_p2']:.2f} %, {result['seconds']:.0f} s of training")
 plot.training_curves(runs[KINDS[0]][1]["history"])"""),
     new_markdown_cell("""\
 ## Where the queries look
@@ -209,14 +208,15 @@ result = fit(task, config.train, out_dir=OUT / "run", progress=False)
 for row in result["history"]:
     print(f"epoch {row['epoch']:2d}  train loss {row['train_loss']:.4f}  "
           f"val accuracy {100 * row['accuracy']:.2f} %")
-print(f"test accuracy {100 * result['test']['accuracy']:.2f} %")
+print(f"test accuracy {100 * result['test']['accuracy']:.2f} %, {result['seconds']:.0f} s of training")
 plot.training_curves(result["history"])"""),
     new_markdown_cell("""\
 ## What the model picked up
 
 Each word of the vocabulary on its own, as a one-word review: the words that push hardest
-towards "positive" and towards "negative". On the demo corpus these should be the two
-sentiment word sets."""),
+towards "positive" and towards "negative". On the demo corpus the sentiment words should come
+out on top; a one-word review is far from anything seen in training, so a few neutral words
+may slip in between."""),
     new_code_cell("""\
 task.model.eval()
 with torch.no_grad():

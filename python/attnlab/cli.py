@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "dataset-fashion-mnist in /usr/share/datasets/fashion-mnist)")
     permutation = add_experiment_parser(
         commands, "permutation", "train the LSTM + attention model on permutation composition "
-        "(SPEC.md §4) and plot where it looks", "2 epochs of 300 batches (about 20 s)")
+        "(SPEC.md §4) and plot where it looks", "2 epochs of 300 fresh batches (seconds)")
     permutation.add_argument("--attention", choices=("additive", "multiplicative", "scaled"),
                              help="how queries score the objects (default scaled)")
     permutation.add_argument("--position", choices=("add", "concat", "none"),

@@ -145,6 +145,8 @@ def test_bad_configuration_and_inputs_raise_clear_errors():
     model = permutation.PermutationModel(n=4, embed_dim=8)
     with pytest.raises(ValueError, match="digits must be an int64 tensor"):
         model(torch.zeros(2, 8))
+    with pytest.raises(ValueError, match=r"digits must lie in \[0, 4\), got values from 0 to 4"):
+        model(torch.tensor([[0, 1, 2, 4]]))
 
 
 def test_cli_fast_run_writes_results_and_plots(tmp_path):

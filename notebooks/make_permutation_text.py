@@ -39,7 +39,9 @@ is zeros and is not scored.
 The model (SPEC.md §4) embeds the digits, adds a sinusoidal positional encoding, runs an LSTM
 over the sequence and lets every LSTM output attend over the embedded sequence; a linear layer
 turns what it reads into 10 logits. The keys are the embedded digits: only the positional
-encoding lets a query ask for "position 7". Three attention kinds share one interface in
+encoding lets a query ask for "position 7". Its base is 0.1 instead of the usual 10000, which
+makes the 20 position codes nearly orthogonal, so that a query (bounded by the LSTM's tanh)
+can single out one of them. Three attention kinds share one interface in
 `attnlab.nn` — additive (Bahdanau), multiplicative (Luong) and scaled dot-product — and with
 the autoregressive mask a query may only look at positions up to its own.
 

@@ -59,7 +59,10 @@ def run_experiment(args: argparse.Namespace) -> int:
                                                                 "image_size")
                    if getattr(args, option, None) is not None}
     config = dataclasses.replace(config, **own_options)  # validated again
-    out = Path(args.out or f"runs/{args.command}{'-fast' if args.fast else ''}")
+    # Experiments with options of their own apply them and may name their runs by them.
+    config = getattr(module, "apply_options", lambda config, args: config)(config, args)
+    run_name = getattr(module, "run_name", lambda config: args.command)(config)
+    out = Path(args.out or f"runs/{run_name}{'-fast' if args.fast else ''}")
     task = module.make_task(config)
     result = fit(task, config.train, out_dir=out, progress=not args.quiet)
 
@@ -126,6 +129,21 @@ def build_parser() -> argparse.ArgumentParser:
                          "(default: resnet34-b627a593.pth in the torch hub cache)")
     anomaly.add_argument("--image-size", type=int, help="cifar100: side the images are resized "
                          "to for the ResNet (default 224)")
+    permutation = add_experiment_parser(
+        commands, "permutation", "train the LSTM + attention model on permutation composition "
+        "(SPEC.md §4) and plot where it looks", "2 epochs of 300 fresh batches (seconds)")
+    permutation.add_argument("--attention", choices=("additive", "multiplicative", "scaled"),
+                             help="how queries score the objects (default scaled)")
+    permutation.add_argument("--position", choices=("add", "concat", "none"),
+                             help="positional encoding added to the embeddings, concatenated "
+                             "to them, or none (default add)")
+    permutation.add_argument("--autoregressive", action="store_true", default=None,
+                             help="query i may attend to positions j <= i only")
+    text = add_experiment_parser(
+        commands, "text", "train the sentiment classifier (SPEC.md §5) on an aclImdb folder",
+        "2 epochs over reviews cut to 100 tokens")
+    text.add_argument("--data", help="the aclImdb folder (train|test / pos|neg / *.txt); IMDB "
+                      "cannot be downloaded here, so this option is needed")
     return parser
 
 

@@ -147,3 +147,42 @@ def load_cifar100(root: str | os.PathLike) -> dict:
         images = torch.from_numpy(data.reshape(-1, 3, 32, 32).copy())
         result[split] = (images, labels)
     return result
+
+
+# The Large Movie Review Dataset (Maas et al. 2011), unpacked from aclImdb_v1.tar.gz.
+IMDB_SPLITS = ("train", "test")
+IMDB_LABELS = ("neg", "pos")  # label 0 = negative, 1 = positive
+IMDB_HINT = ("download aclImdb_v1.tar.gz (https://ai.stanford.edu/~amaas/data/sentiment/) on a "
+             "machine with internet access, unpack it and pass the aclImdb folder with --data; "
+             "it cannot be downloaded from here")
+
+
+def load_imdb(root: str | os.PathLike | None) -> dict:
+    """{"train": (texts, labels), "test": (texts, labels)} from an ``aclImdb`` folder laid out as
+    ``{train,test}/{pos,neg}/*.txt``; labels are 0 (neg) and 1 (pos), files in name order."""
+    if root is None:
+        raise DataError(f"the text experiment needs the IMDB corpus: {IMDB_HINT}")
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"IMDB corpus not found: {root} is not a folder; {IMDB_HINT}")
+    missing = [f"{split}/{label}" for split in IMDB_SPLITS for label in IMDB_LABELS
+               if not (root / split / label).is_dir()]
+    if missing:
+        raise DataError(f"{root} is not an aclImdb folder: it lacks the sub-folder(s) "
+                        f"{', '.join(missing)} (expected train/neg, train/pos, test/neg, "
+                        f"test/pos, each holding one review per .txt file)")
+    splits = {}
+    for split in IMDB_SPLITS:
+        texts, labels = [], []
+        for label, name in enumerate(IMDB_LABELS):
+            files = sorted((root / split / name).glob("*.txt"))
+            if not files:
+                raise DataError(f"{root / split / name} holds no .txt reviews")
+            for file in files:
+                try:
+                    texts.append(file.read_text(encoding="utf-8", errors="replace"))
+                except OSError as error:
+                    raise DataError(f"cannot read review {file}: {error}") from None
+            labels += [label] * len(files)
+        splits[split] = (texts, torch.tensor(labels))
+    return splits

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
 
 def attention_grid(maps: Sequence[torch.Tensor], tokens: Sequence[str] | None = None,
@@ -84,4 +85,34 @@ def image_sets(images: torch.Tensor, probabilities: torch.Tensor, names: Sequenc
                     spine.set_linewidth(3)
     if title:
         fig.suptitle(title)
+    return fig
+
+
+def attention_map(weights: torch.Tensor, query_tokens: Sequence[str] | None = None,
+                  key_tokens: Sequence[str] | None = None,
+                  marked: Sequence[tuple[int, int]] = (), title: str | None = None) -> Figure:
+    """One map [queries, keys] (query on the y axis, ``origin="lower"``) with the cells
+    (query, key) in ``marked`` framed in red."""
+    if weights.dim() != 2:
+        raise ValueError(f"attention_map expects weights [queries, keys], got "
+                         f"{list(weights.shape)}")
+    queries, keys = weights.shape
+    for query, key in marked:
+        if not (0 <= query < queries and 0 <= key < keys):
+            raise ValueError(f"marked cell ({query}, {key}) is outside the {queries}×{keys} map")
+    fig = Figure(figsize=(0.28 * keys + 2.2, 0.28 * queries + 1.2), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(weights.detach().cpu().float().numpy(), origin="lower", vmin=0,
+                      cmap="viridis")
+    for query, key in marked:
+        ax.add_patch(Rectangle((key - 0.5, query - 0.5), 1, 1, fill=False, edgecolor="red",
+                               linewidth=1.5))
+    if query_tokens is not None:
+        ax.set_yticks(range(queries), query_tokens, fontsize=7)
+    if key_tokens is not None:
+        ax.set_xticks(range(keys), key_tokens, fontsize=7, rotation=90)
+    ax.set(xlabel="key (input position)", ylabel="query (output position)")
+    fig.colorbar(image, ax=ax, shrink=0.8)
+    if title:
+        ax.set_title(title, fontsize=9)
     return fig

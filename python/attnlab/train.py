@@ -19,6 +19,8 @@ from tqdm import tqdm  # the text bar: tqdm.auto warns in kernels without ipywid
 
 from .nn import CosineWarmupScheduler
 
+OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+
 
 @dataclass
 class TrainConfig:
@@ -27,6 +29,7 @@ class TrainConfig:
     warmup: int = 50
     grad_clip: float = 5.0
     seed: int = 0
+    optimizer: str = "adam"  # or "adamw" (torch's default weight decay, 0.01)
 
     def __post_init__(self):
         if self.epochs < 1:
@@ -34,6 +37,9 @@ class TrainConfig:
         if self.lr <= 0 or self.warmup < 1 or self.grad_clip <= 0:
             raise ValueError(f"lr, warmup and grad_clip must be positive, got {self.lr}, "
                              f"{self.warmup}, {self.grad_clip}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
+                             f"{self.optimizer!r}")
 
 
 @dataclass
@@ -103,7 +109,7 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
     from it when it exists."""
     seed_everything(config.seed)
     model = task.model
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+    optimizer = OPTIMIZERS[config.optimizer](model.parameters(), lr=config.lr)
     max_iters = config.epochs * task.batches_per_epoch
     scheduler = CosineWarmupScheduler(optimizer, warmup=config.warmup, max_iters=max_iters)
     generator = torch.Generator().manual_seed(config.seed)

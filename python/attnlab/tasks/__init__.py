@@ -1,7 +1,7 @@
 """Experiments: each module builds a train.Task from its config dataclass."""
 
-from . import anomaly, reverse
+from . import anomaly, permutation, reverse, text
 
-TASKS = {"reverse": reverse, "anomaly": anomaly}
+TASKS = {"reverse": reverse, "anomaly": anomaly, "permutation": permutation, "text": text}
 
-__all__ = ["TASKS", "anomaly", "reverse"]
+__all__ = ["TASKS", "anomaly", "permutation", "reverse", "text"]

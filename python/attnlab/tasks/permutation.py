@@ -186,9 +186,13 @@ def make_task(config: PermutationConfig) -> Task:
             agree += argmax_on_p2(model.attention.last_weights, chunk_in).item() * len(chunk_in)
         return {"accuracy": correct / (len(inputs) * n), "argmax_on_p2": agree / len(inputs)}
 
+    def accuracy(logits, targets):  # per element of the p₃ half
+        return (logits[:, n:].argmax(-1) == targets[:, n:]).float().mean()
+
     return Task(name=f"permutation ({config.variant})", model=model,
                 train_batches=train_batches, batches_per_epoch=config.batches_per_epoch,
-                loss=loss, evaluate=evaluate, examples={"attention": splits["test"][0][:1]})
+                loss=loss, evaluate=evaluate, accuracy=accuracy,
+                examples={"attention": splits["test"][0][:1]})
 
 
 def attention_example(task: Task):

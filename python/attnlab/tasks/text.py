@@ -211,8 +211,11 @@ def make_task(config: TextConfig) -> Task:
                       for chunk, target in zip(ids.split(1000), targets.split(1000)))
         return {"accuracy": correct / len(ids)}
 
+    def accuracy(logits, targets):
+        return (logits.argmax(-1) == targets).float().mean()
+
     return Task(name="text", model=model, train_batches=train_batches, batches_per_epoch=batches,
-                loss=F.cross_entropy, evaluate=evaluate,
+                loss=F.cross_entropy, evaluate=evaluate, accuracy=accuracy,
                 examples={"vocabulary": vocabulary, "test_ids": splits["test"][0],
                           "test_labels": splits["test"][1]})
 

@@ -2,6 +2,7 @@
 // out for the kernels (broadcast and strided batch dimensions read in place), dispatch by dtype
 // and head size, on torch's current stream. The autograd formulas in ops/ are shared.
 
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -117,6 +118,24 @@ SdpaProblem make_problem(BatchIndexer& batch, const Tensor& query, const Tensor&
   return p;
 }
 
+// The tensor-core forward's conditions (see sdpa_kernels.h); anything else takes the generic
+// kernels.
+bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
+  if (dtype == at::kFloat || need_weights || p.mask.data != nullptr) return false;
+  if (p.dim_qk != p.dim_v || (p.dim_qk != 64 && p.dim_qk != 128)) return false;
+  constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
+  for (const MatrixOperand* op : {&p.query, &p.key, &p.value}) {
+    if (op->col_stride != 1 || op->row_stride % kVector != 0 ||
+        reinterpret_cast<uintptr_t>(op->data) % 16 != 0) {
+      return false;
+    }
+    for (int d = 0; d < p.shape.dims; ++d) {
+      if (op->batch_stride[d] % kVector != 0) return false;
+    }
+  }
+  return true;
+}
+
 void check_head_sizes(const Tensor& query, const Tensor& value) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       query.size(-1) <= kMaxHeadSize && value.size(-1) <= kMaxHeadSize,
@@ -144,12 +163,20 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
   BatchIndexer batch(batch_shape);
   const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool tensor_cores = tensor_core_forward_applies(p, query.scalar_type(), need_weights);
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;
     with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
-      sdpa_forward<T, decltype(family)::value>(
-          p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
-          need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr, stream);
+      constexpr int kHead = decltype(family)::value;
+      if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
+        if (tensor_cores) {
+          return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
+                                                    lse.data_ptr<float>(), stream);
+        }
+      }
+      sdpa_forward<T, kHead>(p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
+                             need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr,
+                             stream);
     });
   });
   return {output, lse, weights};

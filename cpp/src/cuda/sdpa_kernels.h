@@ -49,6 +49,13 @@ template <typename T, int kHead>
 void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
                   cudaStream_t stream);
 
+// The same forward on tensor cores (sm_80+) for T = __half or __nv_bfloat16 and
+// dim_qk == dim_v == kHead ∈ {64, 128}, without mask or weights. Needs unit column strides and
+// 16-byte-aligned rows (pointers, row and batch strides): see tensor_core_forward_applies.
+template <typename T, int kHead>
+void sdpa_forward_tensor_core(const SdpaProblem& p, T* output, float* logsumexp,
+                              cudaStream_t stream);
+
 // Gradients at the flattened batch, contiguous, written (not accumulated): grad_query
 // [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk], grad_value [batch, len_k, dim_v];
 // grad_mask (float32 [batch, len_q, len_k], may be null) receives the scores' gradient.

@@ -1,6 +1,6 @@
 #pragma once
 // Device helpers shared by the CUDA kernels: float conversions, warp reductions, operand views
-// and the checked launch.
+// and the checked launch (checks in launch_checks.cpp).
 
 #include <cmath>
 #include <cstdint>
@@ -11,9 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <c10/cuda/CUDAException.h>
-#include <c10/util/Exception.h>
-
+#include "cuda/launch_checks.h"
 #include "cuda/sdpa_kernels.h"
 
 namespace attnlab::cuda::detail {
@@ -109,15 +107,14 @@ template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), int64_t blocks, int threads, size_t smem_bytes,
             cudaStream_t stream, Args&&... args) {
   if (blocks == 0) return;
-  TORCH_CHECK(blocks <= std::numeric_limits<int>::max(),
-              "attnlab: the problem needs ", blocks, " CUDA blocks, more than one grid holds");
-  if (smem_bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(smem_bytes)));
+  check_grid_size(blocks);
+  if (smem_bytes > 48 * 1024) {  // beyond the default limit, opt in per kernel
+    check_cuda_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_bytes)));
   }
   kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(
       std::forward<Args>(args)...);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_kernel_launch();
 }
 
 }  // namespace attnlab::cuda::detail

@@ -80,7 +80,7 @@ def cuda_built_here():
     return torch.version.cuda is not None and (shutil.which("nvcc") or os.environ.get("CUDACXX"))
 
 
-@pytest.mark.skipif(not cuda_built_here(), reason="no nvcc or no CUDA torch: CPU-only build")
+@pytest.mark.skipif(not cuda_built_here(), reason="CPU-only build: no nvcc, no CUDA torch, or ATTNLAB_CUDA=0")
 def test_build_info_reports_the_cuda_kernels():
     info = attnlab.build_info()
     assert info["cuda"] is True

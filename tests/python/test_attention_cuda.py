@@ -245,7 +245,7 @@ def test_half_precision_no_worse_than_torch(dtype, shape, mask_kind, is_causal):
         mask = torch.rand(len_q, len_k, generator=gen) > 0.3
         mask[:, 0] = True  # torch's kernels return NaN for rows with every key masked
     elif mask_kind == "float":
-        mask = torch.randn(len_k, generator=gen).to(dtype).double()
+        mask = torch.randn(1, len_k, generator=gen).to(dtype).double()  # 2-D: torch wants that
     ref_inputs = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_output, _ = reference.attention(*ref_inputs, mask, is_causal)
 

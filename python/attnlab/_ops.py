@@ -14,7 +14,9 @@ def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weig
     batch = _batch_shape(query, key, value)
     len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
     output = query.new_empty((*batch, len_q, dim_v))
-    logsumexp = query.new_empty((*batch, len_q))
+    # The CUDA kernels keep the log-sum-exp in float32 for half-precision inputs.
+    lse_dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    logsumexp = query.new_empty((*batch, len_q), dtype=lse_dtype)
     weights = query.new_empty((*batch, len_q, len_k) if need_weights else (0,))
     return output, logsumexp, weights
 

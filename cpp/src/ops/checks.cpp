@@ -22,8 +22,13 @@ void floating_input(const at::Tensor& t, const char* name) {
               " must have at least 2 dimensions [..., length, features], got shape ",
               shape_str(t.sizes()));
   const auto dtype = t.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, kSdpa, ": ", name,
-              " must be float32 or float64, got ", dtype);
+  if (t.is_cuda()) {
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, kSdpa, ": ",
+                name, " must be float32, float16 or bfloat16 on CUDA, got ", dtype);
+  } else {
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, kSdpa, ": ", name,
+                " must be float32 or float64, got ", dtype);
+  }
 }
 
 // Right-aligned broadcast of `b` into `a`, as torch broadcasting does.
@@ -121,6 +126,15 @@ void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& outpu
   TORCH_CHECK(logsumexp.sizes() == at::IntArrayRef(out_shape), kSdpa,
               " backward: logsumexp has shape ", shape_str(logsumexp.sizes()), ", expected ",
               shape_str(out_shape));
+  for (const auto& [t, name] : {std::pair{&grad_output, "grad_output"},
+                                std::pair{&logsumexp, "logsumexp"}}) {
+    TORCH_CHECK(t->device() == output.device(), kSdpa, " backward: ", name, " is on ",
+                t->device(), " but output is on ", output.device());
+  }
+  if (weights && weights->numel() > 0) {
+    TORCH_CHECK(weights->device() == output.device(), kSdpa, " backward: weights is on ",
+                weights->device(), " but output is on ", output.device());
+  }
   out_shape.push_back(dim_v);
   for (const auto& [t, name] :
        {std::pair{&grad_output, "grad_output"}, std::pair{&output, "output"}}) {
@@ -141,8 +155,15 @@ void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_
     TORCH_CHECK(t->dim() == rank, kOp, ": ", name, " must have ", rank,
                 rank == 3 ? " dimensions [batch, length, hidden]" : " dimension [hidden]",
                 ", got shape ", shape_str(t->sizes()));
-    TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, kOp, ": ",
-                name, " must be float32 or float64, got ", t->scalar_type());
+    if (t->is_cuda()) {
+      TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kHalf ||
+                      t->scalar_type() == at::kBFloat16,
+                  kOp, ": ", name, " must be float32, float16 or bfloat16 on CUDA, got ",
+                  t->scalar_type());
+    } else {
+      TORCH_CHECK(t->scalar_type() == at::kFloat || t->scalar_type() == at::kDouble, kOp, ": ",
+                  name, " must be float32 or float64, got ", t->scalar_type());
+    }
     TORCH_CHECK(t->scalar_type() == query_proj.scalar_type(), kOp, ": ", name, " has dtype ",
                 t->scalar_type(), " but query_proj has ", query_proj.scalar_type());
     TORCH_CHECK(t->device() == query_proj.device(), kOp, ": ", name, " is on ", t->device(),

@@ -1,0 +1,120 @@
+#pragma once
+// Device helpers shared by the CUDA kernels: float conversions, warp reductions, operand views
+// and the checked launch (checks in launch_checks.cpp).
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <utility>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "cuda/launch_checks.h"
+#include "cuda/sdpa_kernels.h"
+
+namespace attnlab::cuda::detail {
+
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+__host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Every lane gets the result. fmaxf skips NaN unless all are NaN; the callers' exp(s − max)
+// still turns a NaN score into a NaN output.
+__device__ __forceinline__ float warp_max(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) {
+    x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, offset));
+  }
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(kFullWarp, x, offset);
+  return x;
+}
+
+__device__ __forceinline__ float dot(const float* a, const float* b, int n) {
+  float sum = 0.f;
+#pragma unroll 8
+  for (int d = 0; d < n; ++d) sum = fmaf(a[d], b[d], sum);
+  return sum;
+}
+
+// Element offset of batch entry b in an operand with the given batch strides.
+__device__ __forceinline__ int64_t batch_offset(const BatchShape& shape, const int64_t* strides,
+                                                int64_t b) {
+  int64_t offset = 0;
+  for (int d = shape.dims - 1; d >= 0; --d) {
+    offset += (b % shape.sizes[d]) * strides[d];
+    b /= shape.sizes[d];
+  }
+  return offset;
+}
+
+// One batch entry of a MatrixOperand, read as float.
+template <typename T>
+struct MatrixView {
+  const T* base;
+  int64_t row_stride, col_stride;
+
+  __device__ MatrixView(const MatrixOperand& op, const BatchShape& shape, int64_t b)
+      : base(static_cast<const T*>(op.data) + batch_offset(shape, op.batch_stride, b)),
+        row_stride(op.row_stride),
+        col_stride(op.col_stride) {}
+
+  __device__ float at(int64_t row, int64_t col) const {
+    return to_float(base[row * row_stride + col * col_stride]);
+  }
+};
+
+// Rows [row0, row0 + rows) of m, columns [0, width), into tile (leading dimension ld) as
+// float. Rows at or past `len` and columns at or past `cols` become zeros, so that the tile can
+// be read whole. Called by every thread of the block.
+template <typename T>
+__device__ void load_tile(float* tile, int ld, int rows, int width, const MatrixView<T>& m,
+                          int64_t row0, int64_t len, int cols) {
+  for (int idx = threadIdx.x; idx < rows * width; idx += blockDim.x) {
+    const int r = idx / width, c = idx % width;
+    const int64_t row = row0 + r;
+    tile[r * ld + c] = row < len && c < cols ? m.at(row, c) : 0.f;
+  }
+}
+
+// Launches kernel<<<blocks, threads, smem_bytes, stream>>>, checking the launch. Nothing is
+// launched for an empty problem.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), int64_t blocks, int threads, size_t smem_bytes,
+            cudaStream_t stream, Args&&... args) {
+  if (blocks == 0) return;
+  check_grid_size(blocks);
+  if (smem_bytes > 48 * 1024) {  // beyond the default limit, opt in per kernel
+    check_cuda_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_bytes)));
+  }
+  kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(
+      std::forward<Args>(args)...);
+  check_kernel_launch();
+}
+
+}  // namespace attnlab::cuda::detail

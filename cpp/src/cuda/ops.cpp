@@ -1,0 +1,294 @@
+// CUDA entry points of the attnlab operators: the same checks as on the CPU, the tensors laid
+// out for the kernels (broadcast and strided batch dimensions read in place), dispatch by dtype
+// and head size, on torch's current stream. The autograd formulas in ops/ are shared.
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <torch/library.h>
+
+#include "cuda/sdpa_kernels.h"
+#include "ops/checks.h"
+
+namespace attnlab::cuda {
+namespace {
+
+using at::Tensor;
+
+constexpr int64_t kMaxHeadSize = 256;
+
+std::vector<int64_t> with_tail(at::IntArrayRef batch, std::initializer_list<int64_t> tail) {
+  std::vector<int64_t> shape(batch.begin(), batch.end());
+  shape.insert(shape.end(), tail);
+  return shape;
+}
+
+// Calls fn with std::type_identity<T> for the CUDA type T that stores `dtype`.
+template <typename Fn>
+void with_cuda_type(at::ScalarType dtype, Fn&& fn) {
+  switch (dtype) {
+    case at::kFloat: return fn(std::type_identity<float>{});
+    case at::kHalf: return fn(std::type_identity<__half>{});
+    case at::kBFloat16: return fn(std::type_identity<__nv_bfloat16>{});
+    default: TORCH_CHECK(false, "attnlab: no CUDA kernels for dtype ", dtype);
+  }
+}
+
+// Calls fn with std::integral_constant<int, kHead> for the smallest head-size family that holds
+// `head_size` features.
+template <typename Fn>
+void with_head_family(int64_t head_size, Fn&& fn) {
+  if (head_size <= 32) return fn(std::integral_constant<int, 32>{});
+  if (head_size <= 64) return fn(std::integral_constant<int, 64>{});
+  if (head_size <= 128) return fn(std::integral_constant<int, 128>{});
+  return fn(std::integral_constant<int, 256>{});
+}
+
+// The broadcast batch shape as the kernels index it. Size-1 dimensions are dropped; with more
+// than kMaxBatchDims left, every operand is reshaped (copied where it must be) to one flat
+// batch dimension.
+class BatchIndexer {
+ public:
+  explicit BatchIndexer(at::IntArrayRef batch_shape)
+      : full_(batch_shape.begin(), batch_shape.end()), count_(c10::multiply_integers(full_)) {
+    for (size_t d = 0; d < full_.size(); ++d) {
+      if (full_[d] > 1) kept_.push_back(static_cast<int64_t>(d));
+    }
+    flatten_ = kept_.size() > static_cast<size_t>(kMaxBatchDims);
+    if (flatten_) kept_ = {0};
+    shape_.dims = static_cast<int>(kept_.size());
+    for (int d = 0; d < shape_.dims; ++d) shape_.sizes[d] = flatten_ ? count_ : full_[kept_[d]];
+  }
+
+  const BatchShape& shape() const { return shape_; }
+  int64_t count() const { return count_; }
+
+  // t's matrices [rows, cols] (t broadcasts to them) at every batch entry, in place unless
+  // flattening needs a copy; the tensor read is kept alive with the indexer.
+  MatrixOperand operand(const Tensor& t, int64_t rows, int64_t cols) {
+    Tensor e = t.expand(with_tail(full_, {rows, cols}));
+    if (flatten_) e = e.reshape({count_, rows, cols});
+    alive_.push_back(e);
+    MatrixOperand op;
+    op.data = e.const_data_ptr();
+    for (int d = 0; d < shape_.dims; ++d) op.batch_stride[d] = e.stride(kept_[d]);
+    op.row_stride = e.stride(-2);
+    op.col_stride = e.stride(-1);
+    return op;
+  }
+
+ private:
+  std::vector<int64_t> full_, kept_;
+  int64_t count_;
+  bool flatten_ = false;
+  BatchShape shape_;
+  std::vector<Tensor> alive_;
+};
+
+// The problem description shared by the forward and the backward.
+SdpaProblem make_problem(BatchIndexer& batch, const Tensor& query, const Tensor& key,
+                         const Tensor& value, const std::optional<Tensor>& attn_mask,
+                         bool is_causal, std::optional<double> scale) {
+  SdpaProblem p;
+  p.batch = batch.count();
+  p.len_q = query.size(-2);
+  p.len_k = key.size(-2);
+  p.dim_qk = static_cast<int>(query.size(-1));
+  p.dim_v = static_cast<int>(value.size(-1));
+  p.shape = batch.shape();
+  p.query = batch.operand(query, p.len_q, p.dim_qk);
+  p.key = batch.operand(key, p.len_k, p.dim_qk);
+  p.value = batch.operand(value, p.len_k, p.dim_v);
+  p.causal = is_causal;
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(p.dim_qk)));
+  if (attn_mask && attn_mask->defined()) {
+    Tensor mask = *attn_mask;
+    while (mask.dim() < 2) mask = mask.unsqueeze(0);
+    // Float masks are read as float32 whatever the inputs' precision; boolean ones as they are.
+    p.mask_is_bool = mask.scalar_type() == at::kBool;
+    if (!p.mask_is_bool) mask = mask.to(at::kFloat);
+    p.mask = batch.operand(mask, p.len_q, p.len_k);
+  }
+  return p;
+}
+
+// The tensor-core forward's conditions (see sdpa_kernels.h); anything else takes the generic
+// kernels.
+bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
+  if (dtype == at::kFloat || need_weights || p.mask.data != nullptr) return false;
+  if (p.dim_qk != p.dim_v || (p.dim_qk != 64 && p.dim_qk != 128)) return false;
+  constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
+  for (const MatrixOperand* op : {&p.query, &p.key, &p.value}) {
+    if (op->col_stride != 1 || op->row_stride % kVector != 0 ||
+        reinterpret_cast<uintptr_t>(op->data) % 16 != 0) {
+      return false;
+    }
+    for (int d = 0; d < p.shape.dims; ++d) {
+      if (op->batch_stride[d] % kVector != 0) return false;
+    }
+  }
+  return true;
+}
+
+void check_head_sizes(const Tensor& query, const Tensor& value) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      query.size(-1) <= kMaxHeadSize && value.size(-1) <= kMaxHeadSize,
+      "attnlab.scaled_dot_product_attention on CUDA: query, key and value may have at most ",
+      kMaxHeadSize, " features per head, got ", query.size(-1), " (query, key) and ",
+      value.size(-1), " (value)");
+}
+
+std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const Tensor& key,
+                                                      const Tensor& value,
+                                                      const std::optional<Tensor>& attn_mask,
+                                                      bool is_causal, std::optional<double> scale,
+                                                      bool need_weights) {
+  const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  check_head_sizes(query, value);
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
+  const auto options = query.options();
+  Tensor output = at::empty(with_tail(batch_shape, {len_q, dim_v}), options);
+  // The log-sum-exp stays float32 for half-precision inputs: the backward's probabilities
+  // exp(s − lse) would otherwise carry its rounding error.
+  Tensor lse = at::empty(with_tail(batch_shape, {len_q}), options.dtype(at::kFloat));
+  Tensor weights = need_weights ? at::empty(with_tail(batch_shape, {len_q, len_k}), options)
+                                : at::empty({0}, options);
+  BatchIndexer batch(batch_shape);
+  const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool tensor_cores = tensor_core_forward_applies(p, query.scalar_type(), need_weights);
+  with_cuda_type(query.scalar_type(), [&](auto type) {
+    using T = typename decltype(type)::type;
+    with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
+      constexpr int kHead = decltype(family)::value;
+      if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
+        if (tensor_cores) {
+          return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
+                                                    lse.data_ptr<float>(), stream);
+        }
+      }
+      sdpa_forward<T, kHead>(p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
+                             need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr,
+                             stream);
+    });
+  });
+  return {output, lse, weights};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
+    const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
+    bool grad_mask) {
+  const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  const int64_t len_q = query.size(-2), len_k = key.size(-2);
+  const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
+  checks::sdpa_backward_inputs(grad_output, output, logsumexp, weights, batch_shape, len_q,
+                               len_k, dim_v);
+  TORCH_CHECK(output.device() == query.device(),
+              "attnlab.scaled_dot_product_attention backward: output is on ", output.device(),
+              " but query is on ", query.device());
+  check_head_sizes(query, value);
+  const c10::cuda::CUDAGuard device_guard(query.device());
+  const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
+  TORCH_CHECK(!mask_grad || attn_mask->is_floating_point(),
+              "attnlab.scaled_dot_product_attention backward: a boolean attn_mask has no "
+              "gradient");
+  // The forward's weights are not read: in half precision they are rounded, and the
+  // probabilities recomputed from the float32 log-sum-exp are not.
+  const auto options = query.options();
+  Tensor grad_q = at::empty(with_tail(batch_shape, {len_q, dim_qk}), options);
+  Tensor grad_k = at::empty(with_tail(batch_shape, {len_k, dim_qk}), options);
+  Tensor grad_v = at::empty(with_tail(batch_shape, {len_k, dim_v}), options);
+  // Zeros: pairs the causal mask hides are never visited.
+  Tensor grad_m = mask_grad ? at::zeros(with_tail(batch_shape, {len_q, len_k}),
+                                        options.dtype(at::kFloat))
+                            : at::empty({0}, options);
+  Tensor delta = at::empty(with_tail(batch_shape, {len_q}), options.dtype(at::kFloat));
+  const Tensor out = output.contiguous();
+  const Tensor lse = logsumexp.to(at::kFloat).contiguous();
+
+  BatchIndexer batch(batch_shape);
+  const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
+  const MatrixOperand dout = batch.operand(grad_output, len_q, dim_v);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  with_cuda_type(query.scalar_type(), [&](auto type) {
+    using T = typename decltype(type)::type;
+    with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
+      sdpa_backward<T, decltype(family)::value>(
+          p, dout, static_cast<const T*>(out.const_data_ptr()), lse.const_data_ptr<float>(),
+          delta.data_ptr<float>(), static_cast<T*>(grad_q.data_ptr()),
+          static_cast<T*>(grad_k.data_ptr()), static_cast<T*>(grad_v.data_ptr()),
+          mask_grad ? grad_m.data_ptr<float>() : nullptr, stream);
+    });
+  });
+  // Inputs that were broadcast receive the sum over the broadcast dimensions.
+  if (mask_grad) grad_m = grad_m.sum_to_size(attn_mask->sizes()).to(attn_mask->scalar_type());
+  return {grad_q.sum_to_size(query.sizes()), grad_k.sum_to_size(key.sizes()),
+          grad_v.sum_to_size(value.sizes()), grad_m};
+}
+
+Tensor additive_scores_forward_cuda(const Tensor& query_proj, const Tensor& key_proj,
+                                    const Tensor& weight) {
+  checks::additive_scores_inputs(query_proj, key_proj, weight);
+  const c10::cuda::CUDAGuard device_guard(query_proj.device());
+  const Tensor qp = query_proj.contiguous(), kp = key_proj.contiguous(), w = weight.contiguous();
+  const int64_t batch = qp.size(0), len_q = qp.size(1), len_k = kp.size(1), hidden = qp.size(2);
+  Tensor scores = at::empty({batch, len_q, len_k}, qp.options());
+  with_cuda_type(qp.scalar_type(), [&](auto type) {
+    using T = typename decltype(type)::type;
+    additive_scores_forward<T>(static_cast<const T*>(qp.const_data_ptr()),
+                               static_cast<const T*>(kp.const_data_ptr()),
+                               static_cast<const T*>(w.const_data_ptr()), batch, len_q, len_k,
+                               hidden, static_cast<T*>(scores.data_ptr()),
+                               at::cuda::getCurrentCUDAStream());
+  });
+  return scores;
+}
+
+std::tuple<Tensor, Tensor, Tensor> additive_scores_backward_cuda(const Tensor& grad_scores,
+                                                                 const Tensor& query_proj,
+                                                                 const Tensor& key_proj,
+                                                                 const Tensor& weight) {
+  checks::additive_scores_inputs(query_proj, key_proj, weight);
+  const int64_t batch = query_proj.size(0), len_q = query_proj.size(1),
+                len_k = key_proj.size(1), hidden = query_proj.size(2);
+  TORCH_CHECK(grad_scores.sizes() == at::IntArrayRef({batch, len_q, len_k}),
+              "attnlab.additive_scores backward: grad_scores has shape ", grad_scores.sizes(),
+              ", expected [", batch, ", ", len_q, ", ", len_k, "]");
+  TORCH_CHECK(grad_scores.device() == query_proj.device(),
+              "attnlab.additive_scores backward: grad_scores is on ", grad_scores.device(),
+              " but query_proj is on ", query_proj.device());
+  const c10::cuda::CUDAGuard device_guard(query_proj.device());
+  const Tensor qp = query_proj.contiguous(), kp = key_proj.contiguous(), w = weight.contiguous();
+  const Tensor g = grad_scores.to(qp.scalar_type()).contiguous();
+  Tensor grad_qp = at::empty_like(qp), grad_kp = at::empty_like(kp);
+  Tensor grad_w_rows = at::empty({batch * len_q, hidden}, qp.options().dtype(at::kFloat));
+  with_cuda_type(qp.scalar_type(), [&](auto type) {
+    using T = typename decltype(type)::type;
+    additive_scores_backward<T>(
+        static_cast<const T*>(g.const_data_ptr()), static_cast<const T*>(qp.const_data_ptr()),
+        static_cast<const T*>(kp.const_data_ptr()), static_cast<const T*>(w.const_data_ptr()),
+        batch, len_q, len_k, hidden, static_cast<T*>(grad_qp.data_ptr()),
+        static_cast<T*>(grad_kp.data_ptr()), grad_w_rows.data_ptr<float>(),
+        at::cuda::getCurrentCUDAStream());
+  });
+  return {grad_qp, grad_kp, grad_w_rows.sum(0).to(qp.scalar_type())};
+}
+
+}  // namespace
+}  // namespace attnlab::cuda
+
+TORCH_LIBRARY_IMPL(attnlab, CUDA, m) {
+  m.impl("_sdpa_forward", &attnlab::cuda::sdpa_forward_cuda);
+  m.impl("_sdpa_backward", &attnlab::cuda::sdpa_backward_cuda);
+  m.impl("_additive_scores_forward", &attnlab::cuda::additive_scores_forward_cuda);
+  m.impl("_additive_scores_backward", &attnlab::cuda::additive_scores_backward_cuda);
+}

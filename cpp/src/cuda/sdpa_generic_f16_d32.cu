@@ -1,0 +1,4 @@
+// Generic SDPA kernels for __half, head sizes up to 32.
+#include "cuda/sdpa_generic.cuh"
+
+ATTNLAB_INSTANTIATE_SDPA_GENERIC(__half, 32)

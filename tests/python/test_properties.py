@@ -34,7 +34,8 @@ def property_tests(strategy, examples):
 
 def lengths():
     """1, small and odd, across a query/key block boundary (32/64), or long (past 512 keys)."""
-    return st.one_of(st.just(1), st.integers(2, 17), st.integers(18, 140), st.integers(141, 600))
+    ranges = [(1, 1)] + [(2, 17)] * 5 + [(18, 140)] * 3 + [(141, 600)]  # long ones: 1 in 10
+    return st.sampled_from(ranges).flatmap(lambda bounds: st.integers(*bounds))
 
 
 LAYOUTS = ["contiguous", "column_major", "heads_transposed", "sliced", "strided_rows", "expanded"]
@@ -78,7 +79,7 @@ class Case:
 def attention_cases(draw):
     batch = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
     len_q, len_k = draw(lengths()), draw(lengths())
-    if math.prod(batch) * len_q * len_k > 40_000:  # keep one example's float64 reference cheap
+    if math.prod(batch) * len_q * len_k > 20_000:  # keep one example's float64 reference cheap
         batch = batch[-1:] if batch else ()
         batch = (1,) * len(batch)
     dim = draw(st.one_of(st.sampled_from([1, 8, 16, 64]), st.integers(1, 70)))
@@ -235,8 +236,8 @@ test_backward_operator_matches_reference, test_backward_operator_matches_referen
 @st.composite
 def additive_cases(draw):
     batch, len_q, len_k = draw(st.integers(1, 4)), draw(lengths()), draw(lengths())
-    if batch * len_q * len_k > 20_000:
-        batch, len_k = 1, min(len_k, 60)
+    if batch * len_q * len_k > 4_000:  # the reference holds [B, Q, K, hidden] in float64
+        batch, len_k = 1, min(len_k, 4_000 // len_q + 1)
     hidden = draw(st.one_of(st.sampled_from([1, 8, 16, 64]), st.integers(1, 70)))
     dtype = draw(st.sampled_from([torch.float32, torch.float64]))
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**32 - 1)))

@@ -5,6 +5,7 @@ an interrupted run resumes."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import time
@@ -29,11 +30,16 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self):
+        for name in ("epochs", "warmup", "seed"):
+            if not isinstance(getattr(self, name), int):
+                raise TypeError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.epochs < 1:
             raise ValueError(f"epochs must be at least 1, got {self.epochs}")
-        if self.lr <= 0 or self.warmup < 1 or self.grad_clip <= 0:
-            raise ValueError(f"lr, warmup and grad_clip must be positive, got {self.lr}, "
-                             f"{self.warmup}, {self.grad_clip}")
+        # `not x > 0` also refuses NaN, which every comparison lets through.
+        if not (math.isfinite(self.lr) and self.lr > 0) or self.warmup < 1 \
+                or not self.grad_clip > 0:
+            raise ValueError(f"lr (finite), warmup and grad_clip must be positive, got "
+                             f"{self.lr}, {self.warmup}, {self.grad_clip}")
 
 
 @dataclass
@@ -55,6 +61,10 @@ class Task:
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not belong to this run."""
+
+
+CHECKPOINT_KEYS = {"task", "epoch", "model", "optimizer", "scheduler", "generator", "rng",
+                   "history", "seconds", "train_config"}
 
 
 def seed_everything(seed: int) -> None:
@@ -89,6 +99,9 @@ def load_checkpoint(path: Path, task_name: str) -> dict:
         raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
     if not isinstance(state, dict) or state.get("task") != task_name:
         raise CheckpointError(f"{path} is not a checkpoint of the {task_name!r} experiment")
+    missing = sorted(CHECKPOINT_KEYS - state.keys())
+    if missing:
+        raise CheckpointError(f"{path} is an incomplete checkpoint: it lacks {', '.join(missing)}")
     return state
 
 

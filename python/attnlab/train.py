@@ -120,6 +120,9 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
 
     checkpoint = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
     if checkpoint is not None:
+        if checkpoint.parent.exists() and not checkpoint.parent.is_dir():
+            raise NotADirectoryError(f"out_dir {checkpoint.parent} is a file; it must be a folder "
+                                     f"for the checkpoint")
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         if checkpoint.exists():
             state = load_checkpoint(checkpoint, task.name)

@@ -88,7 +88,10 @@ def save_atomically(obj, path: Path) -> None:
     """torch.save to a temporary file beside ``path``, then rename: a crash leaves the previous
     checkpoint intact, never a half-written one."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
     os.replace(tmp, path)
 
 

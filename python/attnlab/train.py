@@ -63,6 +63,7 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not belong to this run."""
 
 
+# What fit() writes and reads back on resuming.
 CHECKPOINT_KEYS = {"task", "epoch", "model", "optimizer", "scheduler", "generator", "rng",
                    "history", "seconds", "train_config"}
 

@@ -101,8 +101,15 @@ def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
     return parser
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line on stderr, exit status 2; the subcommands' parsers inherit it."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="python -m attnlab",
         description="attnlab: attention cores for PyTorch, and experiments that show the maps.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -5,6 +5,7 @@ an interrupted run resumes."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import time
@@ -32,11 +33,16 @@ class TrainConfig:
     optimizer: str = "adam"  # or "adamw" (torch's default weight decay, 0.01)
 
     def __post_init__(self):
+        for name in ("epochs", "warmup", "seed"):
+            if not isinstance(getattr(self, name), int):
+                raise TypeError(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.epochs < 1:
             raise ValueError(f"epochs must be at least 1, got {self.epochs}")
-        if self.lr <= 0 or self.warmup < 1 or self.grad_clip <= 0:
-            raise ValueError(f"lr, warmup and grad_clip must be positive, got {self.lr}, "
-                             f"{self.warmup}, {self.grad_clip}")
+        # `not x > 0` also refuses NaN, which every comparison lets through.
+        if not (math.isfinite(self.lr) and self.lr > 0) or self.warmup < 1 \
+                or not self.grad_clip > 0:
+            raise ValueError(f"lr (finite), warmup and grad_clip must be positive, got "
+                             f"{self.lr}, {self.warmup}, {self.grad_clip}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                              f"{self.optimizer!r}")
@@ -67,6 +73,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be read or does not belong to this run."""
 
 
+# What fit() writes and reads back on resuming.
+CHECKPOINT_KEYS = {"task", "epoch", "model", "optimizer", "scheduler", "generator", "rng",
+                   "history", "seconds", "train_config"}
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
@@ -88,7 +99,10 @@ def save_atomically(obj, path: Path) -> None:
     """torch.save to a temporary file beside ``path``, then rename: a crash leaves the previous
     checkpoint intact, never a half-written one."""
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())  # on disk before the rename makes it the checkpoint
     os.replace(tmp, path)
 
 
@@ -99,6 +113,9 @@ def load_checkpoint(path: Path, task_name: str) -> dict:
         raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
     if not isinstance(state, dict) or state.get("task") != task_name:
         raise CheckpointError(f"{path} is not a checkpoint of the {task_name!r} experiment")
+    missing = sorted(CHECKPOINT_KEYS - state.keys())
+    if missing:
+        raise CheckpointError(f"{path} is an incomplete checkpoint: it lacks {', '.join(missing)}")
     return state
 
 
@@ -117,6 +134,9 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
 
     checkpoint = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
     if checkpoint is not None:
+        if checkpoint.parent.exists() and not checkpoint.parent.is_dir():
+            raise NotADirectoryError(f"out_dir {checkpoint.parent} is a file; it must be a folder "
+                                     f"for the checkpoint")
         checkpoint.parent.mkdir(parents=True, exist_ok=True)
         if checkpoint.exists():
             state = load_checkpoint(checkpoint, task.name)

@@ -1,4 +1,7 @@
 // The attention operator called from C++, against a composite of ATen ops in float64.
+#include <array>
+#include <vector>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -63,6 +66,32 @@ TEST(Attention, GradientsMatchReference) {
   auto ref_grads = torch::autograd::grad({ref_out.pow(2).sum()}, {q, k, v});
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_TRUE(torch::allclose(grads[i], ref_grads[i], 1e-10, 1e-10)) << "input " << i;
+  }
+}
+
+// Empty and length-1 problems, forward and backward, with and without weights: the shapes where
+// index arithmetic goes wrong first (the sanitizer build runs these too).
+TEST(Attention, EmptyAndSingleLengthProblems) {
+  const std::vector<std::array<int64_t, 3>> shapes = {  // batch, L_q, L_k
+      {0, 3, 4}, {2, 0, 4}, {2, 3, 0}, {2, 1, 1}, {1, 1, 70}, {1, 70, 1}};
+  for (const auto& [batch, len_q, len_k] : shapes) {
+    for (bool need_weights : {false, true}) {
+      for (bool causal : {false, true}) {
+        auto opts = torch::TensorOptions().requires_grad(true);
+        auto q = torch::randn({batch, len_q, 5}, opts), k = torch::randn({batch, len_k, 5}, opts);
+        auto v = torch::randn({batch, len_k, 3}, opts);
+        auto mask = torch::randn({len_q, len_k}, opts);
+        auto [out, w] = attnlab::scaled_dot_product_attention(q, k, v, mask, causal,
+                                                              std::nullopt, need_weights);
+        ASSERT_EQ(out.sizes(), torch::IntArrayRef({batch, len_q, 3}));
+        auto grads = torch::autograd::grad({out.sum()}, {q, k, v, mask});
+        for (size_t i = 0; i < 3; ++i) EXPECT_TRUE(grads[i].isfinite().all().item<bool>());
+        auto [ref_out, ref_w] = reference(q.detach().to(torch::kDouble), k.detach().to(torch::kDouble),
+                                          v.detach().to(torch::kDouble), mask.detach().to(torch::kDouble), causal);
+        EXPECT_TRUE(torch::allclose(out.to(torch::kDouble), ref_out, 1e-5, 1e-6))
+            << batch << " " << len_q << " " << len_k;
+      }
+    }
   }
 }
 

@@ -133,6 +133,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
   std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
   if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
   // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
   std::vector<T> delta(p.batch * p.len_q);

@@ -84,10 +84,13 @@ ATTNLAB_INLINE void zero_from(T* x, int64_t from, int64_t to) {
   for (int64_t c = from; c < to; ++c) x[c] = T(0);
 }
 
+// A -inf mask entry hides the key whatever its score: a NaN or inf score there stays out of
+// the row instead of turning it into NaN (-inf + NaN would be NaN).
 template <typename T>
 ATTNLAB_INLINE void add_mask_row(T* x, const T* mask, int64_t n) {
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 #pragma omp simd
-  for (int64_t c = 0; c < n; ++c) x[c] += mask[c];
+  for (int64_t c = 0; c < n; ++c) x[c] = mask[c] == kNegInf ? kNegInf : x[c] + mask[c];
 }
 
 template <typename T>

@@ -75,6 +75,8 @@ class AdditiveScoresFunction : public torch::autograd::Function<AdditiveScoresFu
 
 Tensor additive_scores_composite(const Tensor& query_proj, const Tensor& key_proj,
                                  const Tensor& weight) {
+  // Before dispatch: a meta or fake input would otherwise skip the CPU kernel's checks.
+  checks::additive_scores_kinds(query_proj, key_proj, weight);
   return AdditiveScoresFunction::apply(query_proj, key_proj, weight)[0];
 }
 

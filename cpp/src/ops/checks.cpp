@@ -9,6 +9,7 @@ namespace attnlab::checks {
 namespace {
 
 constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
+constexpr const char* kOp = "attnlab.additive_scores";
 
 std::string shape_str(at::IntArrayRef shape) {
   std::ostringstream out;
@@ -135,6 +136,11 @@ void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& outpu
     TORCH_CHECK(weights->device() == output.device(), kSdpa, " backward: weights is on ",
                 weights->device(), " but output is on ", output.device());
   }
+  // Half-precision inputs keep their log-sum-exp in float32 (the CUDA kernels).
+  const auto lse_dtype = at::isReducedFloatingType(output.scalar_type()) ? at::kFloat
+                                                                          : output.scalar_type();
+  TORCH_CHECK(logsumexp.scalar_type() == lse_dtype, kSdpa, " backward: logsumexp has dtype ",
+              logsumexp.scalar_type(), ", expected ", lse_dtype);
   out_shape.push_back(dim_v);
   for (const auto& [t, name] :
        {std::pair{&grad_output, "grad_output"}, std::pair{&output, "output"}}) {
@@ -145,9 +151,8 @@ void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& outpu
   }
 }
 
-void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_proj,
-                            const at::Tensor& weight) {
-  constexpr const char* kOp = "attnlab.additive_scores";
+void additive_scores_kinds(const at::Tensor& query_proj, const at::Tensor& key_proj,
+                           const at::Tensor& weight) {
   for (const auto& [t, name, rank] : {std::tuple{&query_proj, "query_proj", 3},
                                       std::tuple{&key_proj, "key_proj", 3},
                                       std::tuple{&weight, "weight", 1}}) {
@@ -169,6 +174,11 @@ void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_
     TORCH_CHECK(t->device() == query_proj.device(), kOp, ": ", name, " is on ", t->device(),
                 " but query_proj is on ", query_proj.device());
   }
+}
+
+void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_proj,
+                            const at::Tensor& weight) {
+  additive_scores_kinds(query_proj, key_proj, weight);
   TORCH_CHECK(key_proj.size(0) == query_proj.size(0), kOp, ": key_proj has batch size ",
               key_proj.size(0), " but query_proj has ", query_proj.size(0));
   TORCH_CHECK(key_proj.size(2) == query_proj.size(2), kOp, ": key_proj has hidden size ",

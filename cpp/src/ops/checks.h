@@ -24,6 +24,10 @@ void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& outpu
                           at::IntArrayRef batch_shape, int64_t len_q, int64_t len_k,
                           int64_t dim_v);
 
+// attnlab.additive_scores: rank, dtype and device agreement only (safe on fake tensors).
+void additive_scores_kinds(const at::Tensor& query_proj, const at::Tensor& key_proj,
+                           const at::Tensor& weight);
+
 // attnlab.additive_scores: query_proj [B, Q, h], key_proj [B, K, h], weight [h].
 void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_proj,
                             const at::Tensor& weight);

@@ -25,6 +25,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"d_model and num_heads must be positive, got {d_model}, {num_heads}")
         if d_model % num_heads != 0:
             raise ValueError(f"d_model ({d_model}) must be divisible by num_heads ({num_heads})")
+        if not 0 <= p < 1:
+            raise ValueError(f"p is a dropout probability and must be in [0, 1), got {p}")
         if d_input is None:
             d_input = (d_model,) * 3
         elif isinstance(d_input, int):

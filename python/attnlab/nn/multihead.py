@@ -34,6 +34,8 @@ class MultiheadAttention(nn.Module):
         super().__init__()
         for name, value in (("input_dim", input_dim), ("embed_dim", embed_dim),
                             ("num_heads", num_heads)):
+            if not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         if embed_dim % num_heads != 0:

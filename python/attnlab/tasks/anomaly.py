@@ -44,6 +44,16 @@ class AnomalyConfig:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         if self.dataset == "cifar100" and self.data is None:
             raise ValueError("dataset cifar100 needs data: the unpacked cifar-100-python folder")
+        if min(self.batch_size, self.num_layers, self.num_heads, self.feature_epochs) < 1:
+            raise ValueError(f"batch_size, num_layers, num_heads and feature_epochs must be at "
+                             f"least 1, got {self.batch_size}, {self.num_layers}, "
+                             f"{self.num_heads}, {self.feature_epochs}")
+        if self.model_dim % self.num_heads != 0:
+            raise ValueError(f"model_dim ({self.model_dim}) must be divisible by num_heads "
+                             f"({self.num_heads})")
+        for name in ("dropout", "input_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.sets_per_epoch is not None and self.sets_per_epoch < self.batch_size:
             raise ValueError(f"sets_per_epoch ({self.sets_per_epoch}) must hold at least one "
                              f"batch of {self.batch_size}")

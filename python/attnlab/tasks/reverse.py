@@ -31,6 +31,12 @@ class ReverseConfig:
         if self.seq_len < 1 or self.num_classes < 2:
             raise ValueError(f"need seq_len >= 1 and num_classes >= 2, got {self.seq_len}, "
                              f"{self.num_classes}")
+        if self.batch_size < 1 or self.num_layers < 1 or self.num_heads < 1:
+            raise ValueError(f"batch_size, num_layers and num_heads must be at least 1, got "
+                             f"{self.batch_size}, {self.num_layers}, {self.num_heads}")
+        if self.model_dim % self.num_heads != 0:
+            raise ValueError(f"model_dim ({self.model_dim}) must be divisible by num_heads "
+                             f"({self.num_heads})")
         if self.train_size < self.batch_size or min(self.val_size, self.test_size) < 1:
             raise ValueError(f"train_size ({self.train_size}) must hold at least one batch of "
                              f"{self.batch_size}, and val/test sizes must be positive")

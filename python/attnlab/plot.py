@@ -148,7 +148,7 @@ def sparse_and_results(rows: Sequence[dict]) -> Figure:
     over seeds as bars, SPEC.md's reference as black diamonds."""
     if len(rows) == 0:
         raise ValueError("sparse_and_results needs at least one row")
-    names = [f"{row['model']}\ns = {row['s']}\n{row['parameters']:,} params" for row in rows]
+    names = [f"{row['model']}, s = {row['s']}\n{row['parameters']:,}\nparameters" for row in rows]
     fig = Figure(figsize=(9, 3.4), layout="constrained")
     for ax, metric, scale in zip(fig.subplots(1, 2), ("accuracy", "loss"), ("linear", "log")):
         ax.bar(names, [row[f"val_{metric}_mean"] for row in rows],

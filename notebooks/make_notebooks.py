@@ -171,7 +171,7 @@ mean of the value rows."""),
     new_code_cell("""q, k, v = (torch.randn(3, 2) for _ in range(3))
 output, weights = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True)
 print("q\\n", q, "\\nk\\n", k, "\\nv\\n", v, sep="")
-print("weights\\n", weights, "\\nrow sums", weights.sum(-1), sep="")
+print("weights\\n", weights, "\\nrow sums ", weights.sum(-1), sep="")
 print("output\\n", output, sep="")"""),
     new_markdown_cell("""## Attention as a key–value lookup
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from .. import plot
 from ..functional import scaled_dot_product_attention
 
 MAX_TRIES = 100
@@ -463,7 +464,6 @@ def gain_weights(z1: float, z2: float, length: int = 20, seed: int = 0):
 def table_figures(table: dict) -> dict:
     """PNG name -> figure for a ``results_table(..., keep_runs=True)``: samples with the targets
     boxed, the SAT's last-token attention for each s, the four results side by side."""
-    from .. import plot
     figures = {}
     for (model_name, s), run in table["runs"].items():
         bits, labels = run["val_data"]

@@ -88,6 +88,51 @@ def run_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def write_results(out: Path, summary: dict) -> None:
+    """results.json, written atomically."""
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "results.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(out / "results.json")
+
+
+def run_sparse_and(args: argparse.Namespace) -> int:
+    """The sparse-AND table of SPEC.md §3 over several seeds, with its plots."""
+    from .tasks import sparse_and
+    make_config = sparse_and.fast_config if args.fast else sparse_and.default_config
+    config = make_config() if args.seeds is None else make_config(args.seeds)
+    out = Path(args.out or f"runs/sparse-and{'-fast' if args.fast else ''}")
+    table = sparse_and.results_table(config, first_seed=args.seed, progress=not args.quiet,
+                                     keep_runs=True)
+    write_results(out, {"experiment": "sparse-and", "fast": args.fast,
+                        **sparse_and.table_summary(table), "build": build_info()})
+    for name, figure in sparse_and.table_figures(table).items():
+        figure.savefig(out / f"{name}.png", dpi=120)
+    seconds = sum(row["seconds"] for row in table["rows"])
+    print(sparse_and.format_table(table["rows"]))
+    print(f"{config.seeds} seeds from {args.seed}; {seconds:.1f} s of training; results and "
+          f"plots in {out}/")
+    return 0
+
+
+def run_rule_and(args: argparse.Namespace) -> int:
+    """The SAT on the rule task (SPEC.md §3): its attention graph and target recovery."""
+    from . import plot
+    from .tasks import sparse_and
+    config = sparse_and.rule_fast_config() if args.fast else sparse_and.rule_default_config()
+    out = Path(args.out or f"runs/rule-and{'-fast' if args.fast else ''}")
+    run = sparse_and.run_rule_task(config, seed=args.seed, progress=not args.quiet)
+    summary = sparse_and.rule_summary(run, config, args.seed)
+    write_results(out, {"experiment": "rule-and", "fast": args.fast, **summary,
+                        "build": build_info()})
+    plot.attention_graph(run["edges"], run["generator"].targets,
+                         title="rule task: readout weight × attention output, positive samples") \
+        .savefig(out / "attention_graph.png", dpi=120)
+    print(sparse_and.format_rule_summary(summary))
+    print(f"{run['seconds']:.1f} s of training; results and plots in {out}/")
+    return 0
+
+
 def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
     """The options every experiment takes."""
     parser = commands.add_parser(name, help=help_text)
@@ -151,6 +196,22 @@ def build_parser() -> argparse.ArgumentParser:
         "2 epochs over reviews cut to 100 tokens")
     text.add_argument("--data", help="the aclImdb folder (train|test / pos|neg / *.txt); IMDB "
                       "cannot be downloaded here, so this option is needed")
+    sparse_and = commands.add_parser(
+        "sparse-and", help="the sparse-AND table (SPEC.md §3): a 65-parameter self-attention "
+        "model and an MLP, s = 2 and 4, mean ± std over seeds")
+    sparse_and.add_argument("--seeds", type=int, help="seeds per row (default 5, --fast 2)")
+    rule_and = commands.add_parser(
+        "rule-and", help="the SAT on the sparse AND with a rule token (SPEC.md §3) and its "
+        "attention graph")
+    for parser_, handler, fast_help in (
+            (sparse_and, run_sparse_and, "fewer epochs and 2 seeds (under a minute)"),
+            (rule_and, run_rule_and, "half the epochs")):
+        parser_.add_argument("--fast", action="store_true", help=fast_help)
+        parser_.add_argument("--out", help="folder for results.json and the plots")
+        parser_.add_argument("--seed", type=int, default=0,
+                             help="random seed (default 0; the first of --seeds)")
+        parser_.add_argument("--quiet", action="store_true", help="no progress bars")
+        parser_.set_defaults(handler=handler)
     return parser
 
 
@@ -164,10 +225,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--length and --dim must be at least 1")
     if getattr(args, "epochs", None) is not None and args.epochs < 1:
         parser.error("--epochs must be at least 1")
+    if getattr(args, "seeds", None) is not None and args.seeds < 1:
+        parser.error("--seeds must be at least 1")
+    from .tasks.sparse_and import GeneratorError
     from .train import CheckpointError
     try:
         return args.handler(args)
-    except (ValueError, OSError, ImportError, CheckpointError, FloatingPointError) as error:
+    except (ValueError, OSError, ImportError, CheckpointError, FloatingPointError,
+            GeneratorError) as error:
         print(f"attnlab {args.command}: error: {error}", file=sys.stderr)
         return 1
 

@@ -116,3 +116,185 @@ def attention_map(weights: torch.Tensor, query_tokens: Sequence[str] | None = No
     if title:
         ax.set_title(title, fontsize=9)
     return fig
+
+
+def _box_columns(ax, columns, top: float, bottom: float, color: str = "tab:red") -> None:
+    """A rectangle around each of ``columns`` (data coordinates, one unit wide)."""
+    for column in columns:
+        ax.add_patch(Rectangle((column - 0.5, bottom), 1, top - bottom, fill=False,
+                               edgecolor=color, linewidth=2))
+
+
+def boolean_samples(bits: torch.Tensor, labels: torch.Tensor, targets: Sequence[int],
+                    count: int = 16, title: str | None = None) -> Figure:
+    """The first ``count`` samples as rows of black (1) and white (0) cells, the target columns
+    boxed, the label beside each row. bits [N, T], labels [N]."""
+    if bits.dim() != 2 or len(bits) == 0:
+        raise ValueError(f"boolean_samples needs bits of shape [samples, T] with samples >= 1, "
+                         f"got {list(bits.shape)}")
+    shown = bits[:count].cpu()
+    rows, length = shown.shape
+    fig = Figure(figsize=(0.35 * length + 1.6, 0.3 * rows + 1.2), layout="constrained")
+    ax, label_ax = fig.subplots(1, 2, width_ratios=[length, 1.5], sharey=True)
+    ax.imshow(shown.numpy(), cmap="gray_r", vmin=0, vmax=1, aspect="auto")
+    _box_columns(ax, [int(t) for t in targets], rows - 0.5, -0.5)
+    ax.set_xticks(range(length))
+    ax.set(xlabel="position (targets boxed)", ylabel="sample")
+    label_ax.imshow(labels[:count].cpu().float().unsqueeze(1).numpy(), cmap="RdYlGn", vmin=0,
+                    vmax=1, aspect="auto")
+    for row, label in enumerate(labels[:count].tolist()):
+        label_ax.text(0, row, str(int(label)), ha="center", va="center", fontsize=8)
+    label_ax.set_xticks([])
+    label_ax.set_title("label", fontsize=9)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def last_token_attention(weights: torch.Tensor, labels: torch.Tensor, targets: Sequence[int],
+                         title: str | None = None) -> Figure:
+    """Left: the last token's weights over the inputs, one line per sample, coloured by label;
+    right: their mean ± std per input for each label. Targets boxed. weights [B, T − 1]."""
+    if weights.dim() != 2 or len(weights) != len(labels):
+        raise ValueError(f"last_token_attention needs weights [samples, inputs] and one label "
+                         f"per sample, got {list(weights.shape)} and {len(labels)} labels")
+    weights, labels = weights.detach().cpu(), labels.cpu()
+    positions = range(weights.shape[1])
+    fig = Figure(figsize=(11, 3.4), layout="constrained")
+    lines_ax, mean_ax = fig.subplots(1, 2, sharey=True)
+    for label, color in ((0, "tab:blue"), (1, "tab:orange")):
+        chosen = weights[labels == label]
+        if len(chosen) == 0:
+            continue
+        lines_ax.plot(positions, chosen.T.numpy(), color=color, alpha=0.08, linewidth=0.8)
+        lines_ax.plot([], [], color=color, label=f"label {label}")
+        mean_ax.errorbar(positions, chosen.mean(0).numpy(),
+                         yerr=chosen.std(0).numpy() if len(chosen) > 1 else None, color=color,
+                         marker="o", capsize=3, label=f"label {label} (n = {len(chosen)})")
+    top = float(weights.max()) * 1.05
+    for ax, name in ((lines_ax, "every sample"), (mean_ax, "mean ± std")):
+        _box_columns(ax, [int(t) for t in targets], top, 0)
+        ax.set_xticks(list(positions))
+        ax.set(xlabel="input position (targets boxed)", title=name)
+        ax.legend(fontsize=8)
+    lines_ax.set_ylabel("attention weight of the last token")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def sparse_and_results(rows: Sequence[dict]) -> Figure:
+    """The four results side by side: validation accuracy and loss per (model, s), mean ± std
+    over seeds as bars, SPEC.md's reference as black diamonds."""
+    if len(rows) == 0:
+        raise ValueError("sparse_and_results needs at least one row")
+    names = [f"{row['model']}, s = {row['s']}\n{row['parameters']:,}\nparameters" for row in rows]
+    fig = Figure(figsize=(9, 3.4), layout="constrained")
+    for ax, metric, scale in zip(fig.subplots(1, 2), ("accuracy", "loss"), ("linear", "log")):
+        ax.bar(names, [row[f"val_{metric}_mean"] for row in rows],
+               yerr=[row[f"val_{metric}_std"] for row in rows], capsize=4,
+               color=["tab:green" if row["model"] == "SAT" else "tab:gray" for row in rows])
+        references = [(i, row["reference"][1 if metric == "accuracy" else 2])
+                      for i, row in enumerate(rows) if row.get("reference")]
+        if references:
+            ax.plot(*zip(*references), "kD", label="reference (SPEC.md)")
+            ax.legend(fontsize=8)
+        ax.set(ylabel=f"validation {metric}", yscale=scale,
+               title=f"validation {metric}, mean ± std over seeds")
+    return fig
+
+
+def attention_graph(edges: torch.Tensor, targets: Sequence[Sequence[int]],
+                    title: str | None = None) -> Figure:
+    """One panel per rule: every input (the last is the rule token z) joined to the output by
+    an edge whose width is its |weight| (orange positive, blue negative); the rule's own
+    targets are marked in red. edges [rules, T]."""
+    edges = edges.detach().cpu()
+    rules, length = edges.shape
+    fig = Figure(figsize=(4 * rules, 0.38 * length + 1.2), layout="constrained")
+    largest = float(edges.abs().max()) or 1.0
+    for rule, ax in enumerate(fig.subplots(1, rules, squeeze=False)[0]):
+        rule_targets = {int(t) for t in targets[rule]}
+        output_y = (length - 1) / 2
+        for i, weight in enumerate(edges[rule].tolist()):
+            ax.plot([0, 1], [i, output_y], color="tab:orange" if weight > 0 else "tab:blue",
+                    linewidth=0.3 + 6 * abs(weight) / largest, alpha=0.8)
+            name = "z" if i == length - 1 else f"x{i}"
+            ax.text(-0.05, i, f"{name}  {weight:+.2f}", ha="right", va="center", fontsize=8,
+                    color="tab:red" if i in rule_targets else "black",
+                    fontweight="bold" if i in rule_targets else "normal")
+        ax.scatter([0] * length, range(length), color="black", s=12, zorder=3)
+        ax.scatter([1], [output_y], color="black", s=40, zorder=3)
+        ax.text(1.05, output_y, "output", va="center", fontsize=9)
+        ax.set_xlim(-0.7, 1.4)
+        ax.invert_yaxis()
+        ax.axis("off")
+        ax.set_title(f"rule {rule}: targets {sorted(rule_targets)}", fontsize=10)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def gain_view(x: torch.Tensor, q1: torch.Tensor, q2: torch.Tensor, w: torch.Tensor, y: float,
+              z1: float, z2: float) -> Figure:
+    """The gain demo: the query profiles q₁, q₂, the weights w = softmax(z₁q₁ + z₂q₂), and the
+    signal x with its weighted mean y = w·x."""
+    positions = range(len(x))
+    fig = Figure(figsize=(10, 3), layout="constrained")
+    query_ax, weight_ax, signal_ax = fig.subplots(1, 3)
+    query_ax.plot(positions, q1.numpy(), marker=".", label="q₁")
+    query_ax.plot(positions, q2.numpy(), marker=".", label="q₂")
+    query_ax.set(title="query profiles (each sums to 1)", xlabel="position")
+    query_ax.legend(fontsize=8)
+    weight_ax.bar(positions, w.numpy(), color="tab:purple")
+    weight_ax.set(title=f"w = softmax({z1:g}·q₁ + {z2:g}·q₂)", xlabel="position",
+                  ylim=(0, max(0.2, float(w.max()) * 1.1)))
+    signal_ax.plot(positions, x.numpy(), marker=".", color="tab:gray", label="x")
+    signal_ax.axhline(float(y), color="tab:purple", label=f"y = w·x = {float(y):.3f}")
+    signal_ax.set(title="signal and its weighted mean", xlabel="position")
+    signal_ax.legend(fontsize=8)
+    return fig
+
+
+def positional_encoding(table: torch.Tensor, dims: Sequence[int] = (1, 2, 3, 4)) -> Figure:
+    """Left: the table [positions, d] as a heat map; right: the curves of ``dims`` (1-based)."""
+    if table.dim() != 2:
+        raise ValueError(f"positional_encoding needs a table [positions, d], got "
+                         f"{list(table.shape)}")
+    fig = Figure(figsize=(11, 3.6), layout="constrained")
+    map_ax, curve_ax = fig.subplots(1, 2)
+    image = map_ax.imshow(table.T.numpy(), aspect="auto", origin="lower", cmap="RdGy",
+                          vmin=-1, vmax=1)
+    map_ax.set(xlabel="position", ylabel="dimension",
+               title=f"sinusoidal encoding, d = {table.shape[1]}")
+    fig.colorbar(image, ax=map_ax)
+    for dim in dims:
+        curve_ax.plot(table[:, dim - 1].numpy(), label=f"dimension {dim}")
+    curve_ax.set(xlabel="position", ylabel="value", title="single dimensions")
+    curve_ax.legend(fontsize=8)
+    return fig
+
+
+def lr_factors(factors: Sequence[float], warmup: int) -> Figure:
+    """The learning-rate factor per iteration, the end of the warm-up marked."""
+    fig = Figure(figsize=(6, 3), layout="constrained")
+    ax = fig.subplots()
+    ax.plot(list(factors))
+    ax.axvline(warmup, color="tab:gray", linestyle="--", label=f"end of warm-up ({warmup})")
+    ax.set(xlabel="iteration", ylabel="learning-rate factor", title="cosine warm-up schedule")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def weight_bars(weights: dict[str, torch.Tensor], keys: Sequence[str] | None = None,
+                title: str | None = None) -> Figure:
+    """One panel per name: a query's attention weights over the keys as bars."""
+    fig = Figure(figsize=(3.2 * len(weights), 2.8), layout="constrained")
+    for ax, (name, row) in zip(fig.subplots(1, len(weights), squeeze=False, sharey=True)[0],
+                               weights.items()):
+        row = row.detach().cpu()
+        ax.bar(keys if keys is not None else range(len(row)), row.numpy())
+        ax.set(title=name, xlabel="key", ylim=(0, 1))
+    if title:
+        fig.suptitle(title)
+    return fig

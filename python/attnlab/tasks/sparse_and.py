@@ -1,0 +1,502 @@
+"""Sparse boolean functions and context-dependent attention (SPEC.md §3).
+
+The label of a bit string is the AND of a few of its bits (the targets). A 65-parameter
+self-attention model ("SAT") can find the targets by attending to them; an MLP with 150 times
+more parameters is the baseline. In the rule task the last token says which of two target sets
+counts, so the attention has to depend on the context.
+
+Layout of a sample: T tokens, each a bit; the last token is the one whose attention the plots
+show (the rule bit z in the rule task), so targets are drawn among the T − 1 tokens before it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from .. import plot
+from ..functional import scaled_dot_product_attention
+
+MAX_TRIES = 100
+SPARSE_BIT_PROBABILITY = 0.5 ** (1 / 3)
+RULE_BIT_PROBABILITY = 0.5 ** (1 / 2)
+
+# SPEC.md §3, one unseeded run each: (model, s) -> (parameters, val. accuracy, val. loss).
+REFERENCE = {("SAT", 2): (65, 0.984, 0.081), ("SAT", 4): (65, 0.932, 3.12),
+             ("MLP", 2): (9729, 0.934, 0.151), ("MLP", 4): (9729, 0.974, 0.090)}
+
+
+class GeneratorError(RuntimeError):
+    """The generator found no sample set obeying its rules within MAX_TRIES draws."""
+
+
+def _check_count(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _label_window_error(kind: str, n: int, window, last_mean: float, extra: str = "") -> str:
+    return (f"{kind}: no {n} samples with a label mean in [{window[0]}, {window[1]}]{extra} "
+            f"in {MAX_TRIES} draws (last label mean {last_mean:.3f}); draw more samples or "
+            f"change seq_len/sparsity")
+
+
+class SparseAndGenerator:
+    """s-sparse AND on T bits: ``sparsity`` target indices drawn once (among the first T − 1),
+    every bit 1 with probability 0.5^(1/3), label 1 iff all target bits are 1.
+
+    ``sample(n)`` redraws (up to MAX_TRIES times) until the label mean lies in [0.4, 0.6] and
+    no other column equals a target column, so the targets are identifiable."""
+
+    label_window = (0.4, 0.6)
+
+    def __init__(self, seq_len: int, sparsity: int, seed: int = 0):
+        _check_count("sparsity", sparsity, 1)
+        _check_count("seq_len", seq_len, 2)
+        if seq_len < sparsity + 1:
+            raise ValueError(f"seq_len must be at least sparsity + 1 = {sparsity + 1} (the "
+                             f"targets come before the last token), got {seq_len}")
+        self.seq_len, self.sparsity = seq_len, sparsity
+        self.generator = torch.Generator().manual_seed(seed)
+        self.targets = torch.randperm(seq_len - 1, generator=self.generator)[:sparsity].sort().values
+
+    def labels(self, bits: torch.Tensor) -> torch.Tensor:
+        return bits[:, self.targets].all(dim=1).float()
+
+    def _duplicates_a_target(self, bits: torch.Tensor) -> bool:
+        others = torch.ones(self.seq_len, dtype=torch.bool)
+        others[self.targets] = False
+        # [targets, others]: does target column t equal other column o in every sample?
+        equal = (bits[:, self.targets].unsqueeze(2) == bits[:, others].unsqueeze(1)).all(dim=0)
+        return bool(equal.any())
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """bits [n, T] (int64, 0 or 1) and labels [n] (float 0. or 1.)."""
+        _check_count("n", n, 1)
+        low, high = self.label_window
+        for _ in range(MAX_TRIES):
+            bits = (torch.rand(n, self.seq_len, generator=self.generator)
+                    < SPARSE_BIT_PROBABILITY).long()
+            labels = self.labels(bits)
+            mean = labels.mean().item()
+            if low <= mean <= high and not self._duplicates_a_target(bits):
+                return bits, labels
+        raise GeneratorError(_label_window_error(
+            f"SparseAndGenerator(seq_len={self.seq_len}, sparsity={self.sparsity})", n,
+            self.label_window, mean, " and no column equal to a target column"))
+
+
+class RuleAndGenerator:
+    """s-sparse AND with a rule token: T − 1 bits (1 with probability 0.5^(1/2)) and a last
+    rule bit z (1 with probability 1/2); two disjoint target sets f₁, f₂ of size s, drawn once;
+    label 1 iff (z = 0 and all f₁ bits are 1) or (z = 1 and all f₂ bits are 1).
+
+    ``sample(n)`` redraws (up to MAX_TRIES times) until the label mean lies in [0.45, 0.55]."""
+
+    label_window = (0.45, 0.55)
+
+    def __init__(self, seq_len: int, sparsity: int, seed: int = 0):
+        _check_count("sparsity", sparsity, 1)
+        _check_count("seq_len", seq_len, 2)
+        if seq_len < 2 * sparsity + 1:
+            raise ValueError(f"seq_len must be at least 2 * sparsity + 1 = {2 * sparsity + 1} "
+                             f"(two disjoint target sets and the rule token), got {seq_len}")
+        self.seq_len, self.sparsity = seq_len, sparsity
+        self.generator = torch.Generator().manual_seed(seed)
+        order = torch.randperm(seq_len - 1, generator=self.generator)
+        self.targets = (order[:sparsity].sort().values, order[sparsity:2 * sparsity].sort().values)
+
+    def labels(self, bits: torch.Tensor) -> torch.Tensor:
+        rule = bits[:, -1].bool()
+        first, second = (bits[:, t].all(dim=1) for t in self.targets)
+        return torch.where(rule, second, first).float()
+
+    def sample(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """bits [n, T] (int64, 0 or 1; the last is the rule) and labels [n] (float)."""
+        _check_count("n", n, 1)
+        low, high = self.label_window
+        for _ in range(MAX_TRIES):
+            inputs = torch.rand(n, self.seq_len - 1, generator=self.generator) < RULE_BIT_PROBABILITY
+            rule = torch.rand(n, 1, generator=self.generator) < 0.5
+            bits = torch.cat([inputs, rule], dim=1).long()
+            labels = self.labels(bits)
+            mean = labels.mean().item()
+            if low <= mean <= high:
+                return bits, labels
+        raise GeneratorError(_label_window_error(
+            f"RuleAndGenerator(seq_len={self.seq_len}, sparsity={self.sparsity})", n,
+            self.label_window, mean))
+
+
+def _check_bits(bits: torch.Tensor, seq_len: int, model: str) -> None:
+    if bits.dim() != 2 or bits.shape[1] != seq_len:
+        raise ValueError(f"{model} expects bits of shape [batch, {seq_len}], got "
+                         f"{list(bits.shape)}")
+    if bits.dtype.is_floating_point or bits.dtype == torch.bool or bits.dtype.is_complex:
+        raise ValueError(f"{model} expects integer bits (0 or 1), got dtype {bits.dtype}")
+    if bits.numel() and (bits.min() < 0 or bits.max() > 1):
+        raise ValueError(f"{model} expects bits that are 0 or 1, got values in "
+                         f"[{int(bits.min())}, {int(bits.max())}]")
+
+
+class MLP(nn.Module):
+    """Linear(T, 512) → GELU → Dropout(0.1) → Linear(512, 1) → sigmoid; weights N(0, 0.02),
+    zero biases (9,729 parameters at T = 17)."""
+
+    def __init__(self, seq_len: int, hidden: int = 512, dropout: float = 0.1):
+        super().__init__()
+        _check_count("seq_len", seq_len, 1)
+        _check_count("hidden", hidden, 1)
+        self.seq_len = seq_len
+        self.net = nn.Sequential(nn.Linear(seq_len, hidden), nn.GELU(), nn.Dropout(dropout),
+                                 nn.Linear(hidden, 1))
+        for layer in (self.net[0], self.net[3]):
+            nn.init.normal_(layer.weight, std=0.02)
+            nn.init.zeros_(layer.bias)
+
+    def logits(self, bits: torch.Tensor) -> torch.Tensor:
+        _check_bits(bits, self.seq_len, "MLP")
+        return self.net(bits.float()).squeeze(-1)
+
+    def forward(self, bits: torch.Tensor) -> torch.Tensor:
+        """Probability of label 1, [B]."""
+        return torch.sigmoid(self.logits(bits))
+
+
+class SATOutput(NamedTuple):
+    probabilities: torch.Tensor  # [B]
+    logits: torch.Tensor         # [B]
+    scores: torch.Tensor         # [B, T]: the attention output of every token, the readout's input
+    attention: torch.Tensor      # [B, T, T]: softmax weights, query × key (detached)
+
+
+class SAT(nn.Module):
+    """One self-attention head on 2-d token embeddings: embedding of the symbols 0 and 1 plus a
+    learned position [1, T, d]; W_q, W_k: d → d and W_v: d → 1 without biases; the attention
+    output [B, T] is read out by Linear(T, 1) without bias and a sigmoid. Every weight is drawn
+    from N(0, 0.001): 65 parameters at T = 17 and d = 2."""
+
+    def __init__(self, seq_len: int, dim: int = 2, init_std: float = 1e-3):
+        super().__init__()
+        _check_count("seq_len", seq_len, 1)
+        _check_count("dim", dim, 1)
+        self.seq_len = seq_len
+        self.embedding = nn.Embedding(2, dim)
+        self.position = nn.Parameter(torch.empty(1, seq_len, dim))
+        self.W_q = nn.Linear(dim, dim, bias=False)
+        self.W_k = nn.Linear(dim, dim, bias=False)
+        self.W_v = nn.Linear(dim, 1, bias=False)
+        self.readout = nn.Linear(seq_len, 1, bias=False)
+        for parameter in self.parameters():
+            nn.init.normal_(parameter, std=init_std)
+
+    def _run(self, bits: torch.Tensor) -> SATOutput:
+        _check_bits(bits, self.seq_len, "SAT")
+        x = self.embedding(bits) + self.position                      # [B, T, d]
+        output, weights = scaled_dot_product_attention(self.W_q(x), self.W_k(x), self.W_v(x),
+                                                       need_weights=True)  # [B, T, 1], [B, T, T]
+        scores = output.squeeze(-1)
+        logits = self.readout(scores).squeeze(-1)
+        return SATOutput(torch.sigmoid(logits), logits, scores, weights)
+
+    def logits(self, bits: torch.Tensor) -> torch.Tensor:
+        return self._run(bits).logits
+
+    def forward(self, bits: torch.Tensor, elaborate: bool = False):
+        """Probability of label 1 [B]; with ``elaborate`` a SATOutput (probabilities, logits,
+        scores, attention)."""
+        result = self._run(bits)
+        return result if elaborate else result.probabilities
+
+
+MODELS = {"SAT": SAT, "MLP": MLP}
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, bits: torch.Tensor, labels: torch.Tensor) -> dict:
+    """Accuracy and binary cross-entropy of ``model`` on one full batch."""
+    model.eval()
+    logits = model.logits(bits)
+    return {"accuracy": ((logits > 0).float() == labels).float().mean().item(),
+            "loss": F.binary_cross_entropy_with_logits(logits, labels).item()}
+
+
+def train_full_batch(model: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
+                     val: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
+                     progress: bool = False, desc: str | None = None) -> dict:
+    """Adam on the binary cross-entropy of the whole training set, one step per epoch.
+    Returns the per-epoch training losses, the final train and validation metrics and the
+    seconds taken. Seed torch before building the model for a repeatable run (dropout draws
+    from torch's global generator)."""
+    _check_count("epochs", epochs, 1)
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr}")
+    bits, labels = train
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    losses = []
+    # Steps on a model this small are dominated by overhead; more threads only add to it (and
+    # thrash when the cores are busy), so train on one and restore the caller's setting.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    try:
+        for _ in tqdm(range(epochs), desc=desc, disable=not progress, leave=False):
+            model.train()
+            optimizer.zero_grad()
+            loss = F.binary_cross_entropy_with_logits(model.logits(bits), labels)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    finally:
+        torch.set_num_threads(threads)
+    seconds = time.perf_counter() - start
+    return {"train_losses": losses, "train": evaluate(model, bits, labels),
+            "val": evaluate(model, *val), "seconds": seconds}
+
+
+@dataclass
+class SparseAndConfig:
+    seq_len: int = 17
+    sparsities: tuple[int, ...] = (2, 4)
+    train_size: int = 200
+    val_size: int = 500
+    mlp_epochs: int = 500
+    mlp_lr: float = 1e-3
+    sat_epochs: int = 2000
+    sat_lr: float = 1e-2
+    seeds: int = 5
+
+    def __post_init__(self):
+        _check_count("seeds", self.seeds, 1)
+        for name in ("train_size", "val_size", "mlp_epochs", "sat_epochs"):
+            _check_count(name, getattr(self, name), 1)
+        if not self.sparsities:
+            raise ValueError("sparsities must name at least one s")
+        for s in self.sparsities:
+            _check_count("each of sparsities", s, 1)
+        if self.seq_len < max(self.sparsities) + 1:
+            raise ValueError(f"seq_len must be at least max(sparsities) + 1 = "
+                             f"{max(self.sparsities) + 1}, got {self.seq_len}")
+
+
+def default_config(seeds: int = 5) -> SparseAndConfig:
+    """SPEC.md §3's recipe, ``seeds`` runs per row."""
+    return SparseAndConfig(seeds=seeds)
+
+
+def fast_config(seeds: int = 2) -> SparseAndConfig:
+    """A quarter of the SAT's epochs and 200 of the MLP's, two seeds: seconds."""
+    return SparseAndConfig(seeds=seeds, sat_epochs=500, mlp_epochs=200)
+
+
+def run_one(model_name: str, sparsity: int, seed: int, config: SparseAndConfig,
+            progress: bool = False) -> dict:
+    """Train one model on one seed's data. The data depend on (seed, sparsity) only, so the SAT
+    and the MLP of a seed see the same samples."""
+    generator = SparseAndGenerator(config.seq_len, sparsity, seed=seed)
+    train, val = generator.sample(config.train_size), generator.sample(config.val_size)
+    torch.manual_seed(seed)
+    model = MODELS[model_name](config.seq_len)
+    epochs, lr = ((config.sat_epochs, config.sat_lr) if model_name == "SAT"
+                  else (config.mlp_epochs, config.mlp_lr))
+    result = train_full_batch(model, train, val, epochs, lr, progress=progress,
+                              desc=f"{model_name} s={sparsity} seed {seed}")
+    return {"model": model, "generator": generator, "train_data": train, "val_data": val,
+            **result}
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool = False,
+                  keep_runs: bool = False) -> dict:
+    """The four rows of SPEC.md §3 (SAT and MLP × each s) over seeds first_seed, ... :
+    ``rows`` (mean ± std of val. accuracy and loss, per-seed values, parameters, seconds) and,
+    with ``keep_runs``, ``runs[(model, s)]`` = the run of the first seed (model and data, for
+    the plots)."""
+    rows, runs = [], {}
+    for model_name in ("SAT", "MLP"):
+        for s in config.sparsities:
+            per_seed = []
+            for seed in range(first_seed, first_seed + config.seeds):
+                run = run_one(model_name, s, seed, config, progress=progress)
+                per_seed.append({"seed": seed, "val_accuracy": run["val"]["accuracy"],
+                                 "val_loss": run["val"]["loss"],
+                                 "train_accuracy": run["train"]["accuracy"],
+                                 "seconds": run["seconds"]})
+                if keep_runs and seed == first_seed:
+                    runs[(model_name, s)] = run
+            accuracy = _mean_std([r["val_accuracy"] for r in per_seed])
+            loss = _mean_std([r["val_loss"] for r in per_seed])
+            rows.append({"model": model_name, "s": s,
+                         "parameters": parameter_count(MODELS[model_name](config.seq_len)),
+                         "val_accuracy_mean": accuracy[0], "val_accuracy_std": accuracy[1],
+                         "val_loss_mean": loss[0], "val_loss_std": loss[1],
+                         "seconds": sum(r["seconds"] for r in per_seed), "seeds": per_seed,
+                         "reference": REFERENCE.get((model_name, s))})
+    return {"config": asdict(config), "first_seed": first_seed, "rows": rows, "runs": runs}
+
+
+def format_table(rows: list[dict]) -> str:
+    """The table as text, with SPEC.md's reference beside each row."""
+    lines = [f"{'model':5} {'s':>2} {'params':>7}  {'val. accuracy':>15}  {'val. loss':>15}"
+             f"   reference (acc. / loss)"]
+    for row in rows:
+        reference = row["reference"]
+        lines.append(f"{row['model']:5} {row['s']:>2} {row['parameters']:>7,}  "
+                     f"{row['val_accuracy_mean']:.3f} ± {row['val_accuracy_std']:.3f}  "
+                     f"{row['val_loss_mean']:7.3f} ± {row['val_loss_std']:.3f}   "
+                     + (f"{reference[1]:.3f} / {reference[2]}" if reference else "-"))
+    return "\n".join(lines)
+
+
+@torch.no_grad()
+def last_token_attention(model: SAT, bits: torch.Tensor) -> torch.Tensor:
+    """[B, T − 1]: the last token's attention weights over the inputs before it."""
+    model.eval()
+    return model(bits, elaborate=True).attention[:, -1, :-1]
+
+
+# ---- the rule task ---------------------------------------------------------------------------
+
+@dataclass
+class RuleAndConfig:
+    seq_len: int = 11
+    sparsity: int = 2
+    train_size: int = 300
+    val_size: int = 500
+    epochs: int = 1000
+    lr: float = 1e-2
+
+    def __post_init__(self):
+        for name in ("train_size", "val_size", "epochs"):
+            _check_count(name, getattr(self, name), 1)
+
+
+def rule_default_config() -> RuleAndConfig:
+    return RuleAndConfig()
+
+
+def rule_fast_config() -> RuleAndConfig:
+    return RuleAndConfig(epochs=500)
+
+
+@torch.no_grad()
+def attention_graph(model: SAT, bits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """[2, T]: for rule 0 and rule 1, the product of the readout weight and the attention
+    output (the "score") of every input, averaged over the positive samples with that rule —
+    each input's share of the logit, which sums to the mean logit."""
+    model.eval()
+    contributions = model(bits, elaborate=True).scores * model.readout.weight[0]  # [B, T]
+    rows = []
+    for rule in (0, 1):
+        chosen = (bits[:, -1] == rule) & (labels == 1)
+        if not chosen.any():
+            raise ValueError(f"attention_graph needs positive samples with rule {rule}, got none "
+                             f"among {len(labels)} samples")
+        rows.append(contributions[chosen].mean(dim=0))
+    return torch.stack(rows)
+
+
+def targets_lead(edges: torch.Tensor, targets) -> list[bool]:
+    """For each rule r: do its targets carry the largest absolute weights among the T − 1
+    inputs (the rule token itself is not a candidate)?"""
+    found = []
+    for rule, rule_targets in enumerate(targets):
+        top = edges[rule, :-1].abs().topk(len(rule_targets)).indices
+        found.append(set(top.tolist()) == set(rule_targets.tolist()))
+    return found
+
+
+def run_rule_task(config: RuleAndConfig, seed: int = 0, progress: bool = False) -> dict:
+    """Train the SAT on the rule task; its metrics, attention graph and target recovery."""
+    generator = RuleAndGenerator(config.seq_len, config.sparsity, seed=seed)
+    train, val = generator.sample(config.train_size), generator.sample(config.val_size)
+    torch.manual_seed(seed)
+    model = SAT(config.seq_len)
+    result = train_full_batch(model, train, val, config.epochs, config.lr, progress=progress,
+                              desc=f"SAT rule task seed {seed}")
+    edges = attention_graph(model, *train)
+    return {"model": model, "generator": generator, "train_data": train, "val_data": val,
+            "edges": edges, "targets_lead": targets_lead(edges, generator.targets), **result}
+
+
+# ---- the gain demo ---------------------------------------------------------------------------
+
+def gain_inputs(length: int = 20, noise: float = 0.1, seed: int = 0):
+    """x = sin over [0, 2π] plus Gaussian noise; q₁ = 1 − sigmoid(linspace(−3, 7)) (weight at the
+    start), q₂ = sigmoid(linspace(−7, 3)) (weight at the end), each normalised to sum 1."""
+    _check_count("length", length, 2)
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.sin(torch.linspace(0, 2 * math.pi, length)) + noise * torch.randn(length,
+                                                                               generator=generator)
+    q1 = 1 - torch.sigmoid(torch.linspace(-3, 7, length))
+    q2 = torch.sigmoid(torch.linspace(-7, 3, length))
+    return x, q1 / q1.sum(), q2 / q2.sum()
+
+
+def gain_weights(z1: float, z2: float, length: int = 20, seed: int = 0):
+    """w = softmax(z₁q₁ + z₂q₂) and y = w·x: the gains z scale the scores, and a larger gain
+    makes w sparser (more of its mass on fewer positions)."""
+    for name, value in (("z1", z1), ("z2", z2)):
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value}")
+    x, q1, q2 = gain_inputs(length, seed=seed)
+    w = torch.softmax(z1 * q1 + z2 * q2, dim=0)
+    return w, torch.dot(w, x)
+
+
+# ---- figures and summaries for the command line and the notebook -----------------------------
+
+def table_figures(table: dict) -> dict:
+    """PNG name -> figure for a ``results_table(..., keep_runs=True)``: samples with the targets
+    boxed, the SAT's last-token attention for each s, the four results side by side."""
+    figures = {}
+    for (model_name, s), run in table["runs"].items():
+        bits, labels = run["val_data"]
+        targets = run["generator"].targets.tolist()
+        if model_name == "SAT":
+            figures[f"samples_s{s}"] = plot.boolean_samples(
+                bits, labels, targets, title=f"{s}-sparse AND, T = {bits.shape[1]}: samples")
+            figures[f"attention_s{s}"] = plot.last_token_attention(
+                last_token_attention(run["model"], bits), labels, targets,
+                title=f"SAT, s = {s}: last token's attention on the validation set")
+    figures["results"] = plot.sparse_and_results(table["rows"])
+    return figures
+
+
+def table_summary(table: dict) -> dict:
+    """What results.json keeps of a table: config and rows (not the models)."""
+    return {key: value for key, value in table.items() if key != "runs"}
+
+
+def rule_summary(run: dict, config: RuleAndConfig, seed: int) -> dict:
+    return {"config": asdict(config), "seed": seed, "val": run["val"], "train": run["train"],
+            "seconds": run["seconds"],
+            "targets": [t.tolist() for t in run["generator"].targets],
+            "edges": run["edges"].tolist(), "targets_lead": run["targets_lead"]}
+
+
+def format_rule_summary(summary: dict) -> str:
+    lines = [f"SAT on the rule task (T = {summary['config']['seq_len']}, s = "
+             f"{summary['config']['sparsity']}): val. accuracy {summary['val']['accuracy']:.3f}, "
+             f"val. loss {summary['val']['loss']:.3f}"]
+    for rule, (targets, edges, lead) in enumerate(zip(summary["targets"], summary["edges"],
+                                                      summary["targets_lead"])):
+        top = sorted(range(len(edges) - 1), key=lambda i: -abs(edges[i]))[:len(targets)]
+        lines.append(f"rule {rule}: targets {targets}, largest |weights| at {sorted(top)} -> "
+                     f"{'targets recovered' if lead else 'NOT recovered'}")
+    return "\n".join(lines)

@@ -1,0 +1,280 @@
+"""Sparse boolean functions (SPEC.md §3): generators, models, training, rule task, gain demo,
+plots and the two commands."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from matplotlib.patches import Rectangle
+
+import reference
+from attnlab import plot
+from attnlab.tasks import sparse_and as sa
+
+
+def rows_and_of(bits, target_sets_by_row):
+    """Labels computed one sample at a time, independently of the generators' vectorised code."""
+    return torch.tensor([float(all(int(row[t]) == 1 for t in targets))
+                         for row, targets in zip(bits, target_sets_by_row)])
+
+
+# ---- generators ----
+
+@pytest.mark.parametrize("seq_len,sparsity", [(17, 2), (17, 4), (6, 3)])
+def test_sparse_and_generator_obeys_its_rules(seq_len, sparsity):
+    generator = sa.SparseAndGenerator(seq_len, sparsity, seed=3)
+    targets = generator.targets.tolist()
+    assert len(set(targets)) == sparsity and all(0 <= t < seq_len - 1 for t in targets)
+    for n in (200, 500):
+        bits, labels = generator.sample(n)
+        assert bits.shape == (n, seq_len) and set(bits.unique().tolist()) <= {0, 1}
+        assert torch.equal(labels, rows_and_of(bits, [targets] * n))
+        assert 0.4 <= labels.mean().item() <= 0.6
+        for t in targets:  # no other column equals a target column
+            assert not any(torch.equal(bits[:, t], bits[:, o])
+                           for o in range(seq_len) if o not in targets)
+    assert generator.targets.tolist() == targets  # drawn once per generator
+
+
+def test_sparse_and_bits_are_one_with_the_spec_probability():
+    # Over many draws the per-bit rate of non-target columns approaches 0.5^(1/3) ≈ 0.794
+    # (targets are biased by the label window).
+    generator = sa.SparseAndGenerator(17, 2, seed=0)
+    bits = torch.cat([generator.sample(500)[0] for _ in range(10)])
+    others = [c for c in range(17) if c not in generator.targets.tolist()]
+    assert abs(bits[:, others].float().mean().item() - 0.5 ** (1 / 3)) < 0.02
+
+
+def test_rule_generator_obeys_its_rules():
+    generator = sa.RuleAndGenerator(11, 2, seed=1)
+    first, second = (t.tolist() for t in generator.targets)
+    assert len(first) == len(second) == 2 and not set(first) & set(second)
+    assert all(0 <= t < 10 for t in first + second)  # the last position is the rule bit
+    bits, labels = generator.sample(300)
+    assert bits.shape == (300, 11)
+    rules = bits[:, -1].tolist()
+    assert torch.equal(labels, rows_and_of(bits, [second if z else first for z in rules]))
+    assert 0.45 <= labels.mean().item() <= 0.55
+    assert 0.35 < bits[:, -1].float().mean().item() < 0.65  # both rules occur
+
+
+def test_same_seed_same_data_other_seed_other_targets():
+    a, b = sa.SparseAndGenerator(17, 2, seed=5), sa.SparseAndGenerator(17, 2, seed=5)
+    assert torch.equal(a.sample(50)[0], b.sample(50)[0])
+    targets = {tuple(sa.SparseAndGenerator(17, 2, seed=s).targets.tolist()) for s in range(6)}
+    assert len(targets) > 1
+
+
+@pytest.mark.parametrize("make", [lambda: sa.SparseAndGenerator(2, 1, seed=0),
+                                  lambda: sa.RuleAndGenerator(3, 1, seed=0)])
+def test_retry_limit_gives_a_clear_error(make):
+    # One sample has label mean 0 or 1: never inside the window.
+    with pytest.raises(sa.GeneratorError, match=r"1 samples with a label mean in .* in 100 draws"):
+        make().sample(1)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: sa.SparseAndGenerator(2, 2), "seq_len must be at least sparsity \\+ 1 = 3 .*, got 2"),
+    (lambda: sa.SparseAndGenerator(17, 0), "sparsity must be an integer >= 1, got 0"),
+    (lambda: sa.SparseAndGenerator(17, -1), "sparsity must be an integer >= 1, got -1"),
+    (lambda: sa.SparseAndGenerator(17, 2.0), "sparsity must be an integer >= 1, got 2.0"),
+    (lambda: sa.RuleAndGenerator(4, 2), "seq_len must be at least 2 \\* sparsity \\+ 1 = 5 .*, got 4"),
+    (lambda: sa.SparseAndGenerator(17, 2).sample(0), "n must be an integer >= 1, got 0"),
+    (lambda: sa.SparseAndConfig(seq_len=4, sparsities=(4,)), "seq_len must be at least"),
+    (lambda: sa.SparseAndConfig(seeds=0), "seeds must be an integer >= 1, got 0"),
+    (lambda: sa.RuleAndConfig(epochs=0), "epochs must be an integer >= 1, got 0"),
+    (lambda: sa.gain_weights(math.inf, 1.0), "z1 must be a finite number, got inf"),
+    (lambda: sa.gain_inputs(length=1), "length must be an integer >= 2, got 1"),
+])
+def test_bad_arguments_raise_value_errors_that_name_them(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# ---- models ----
+
+def test_parameter_counts_at_t17_match_the_spec():
+    assert sa.parameter_count(sa.MLP(17)) == 9729
+    assert sa.parameter_count(sa.SAT(17)) == 65
+
+
+def test_sat_attention_goes_through_attnlab_and_matches_a_reference():
+    torch.manual_seed(0)
+    model = sa.SAT(17, init_std=0.5)  # large weights: a non-uniform attention to compare
+    bits, _ = sa.SparseAndGenerator(17, 2).sample(200)
+    out = model(bits, elaborate=True)
+    x = model.embedding(bits) + model.position
+    expected_out, expected_weights = reference.attention(model.W_q(x), model.W_k(x), model.W_v(x))
+    assert out.attention.shape == (200, 17, 17) and out.scores.shape == (200, 17)
+    torch.testing.assert_close(out.attention.double(), expected_weights, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.scores.double(), expected_out[..., 0], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(out.probabilities, torch.sigmoid(out.logits))
+    torch.testing.assert_close(model(bits), out.probabilities)
+
+
+@pytest.mark.parametrize("model", [sa.SAT(5), sa.MLP(5)], ids=["SAT", "MLP"])
+@pytest.mark.parametrize("bits,message", [
+    (torch.zeros(3, 4, dtype=torch.long), r"bits of shape \[batch, 5\], got \[3, 4\]"),
+    (torch.zeros(3, 5), "integer bits .* got dtype torch.float32"),
+    (torch.full((3, 5), 2), r"0 or 1, got values in \[2, 2\]"),
+])
+def test_models_reject_bad_bits(model, bits, message):
+    with pytest.raises(ValueError, match=message):
+        model(bits)
+
+
+def test_sat_on_two_sparse_and_beats_chance_by_a_wide_margin():
+    config = sa.SparseAndConfig(sat_epochs=300, seeds=1)
+    run = sa.run_one("SAT", 2, 0, config)
+    chance = max(run["val_data"][1].mean().item(), 1 - run["val_data"][1].mean().item())
+    assert chance <= 0.6
+    assert run["val"]["accuracy"] >= 0.95
+    # Its last token attends mostly to the two targets.
+    weights = sa.last_token_attention(run["model"], run["val_data"][0])
+    assert weights[:, run["generator"].targets].sum(1).mean() > 0.5
+
+
+def test_same_seed_same_run():
+    config = sa.SparseAndConfig(mlp_epochs=20, seeds=1)
+    first, second = (sa.run_one("MLP", 2, 4, config) for _ in range(2))
+    assert first["train_losses"] == second["train_losses"] and first["val"] == second["val"]
+
+
+def test_results_table_has_the_four_rows_with_seed_statistics():
+    config = sa.SparseAndConfig(seq_len=8, mlp_epochs=5, sat_epochs=5, seeds=2,
+                                train_size=100, val_size=100)
+    table = sa.results_table(config, first_seed=1, keep_runs=True)
+    rows = table["rows"]
+    assert [(r["model"], r["s"]) for r in rows] == [("SAT", 2), ("SAT", 4), ("MLP", 2), ("MLP", 4)]
+    for row in rows:
+        values = [s["val_accuracy"] for s in row["seeds"]]
+        assert [s["seed"] for s in row["seeds"]] == [1, 2]
+        assert row["val_accuracy_mean"] == pytest.approx(sum(values) / 2)
+        assert row["val_accuracy_std"] == pytest.approx(abs(values[0] - values[1]) / math.sqrt(2))
+    assert rows[0]["parameters"] == 2 * 2 + 8 * 2 + 4 + 4 + 2 + 8
+    assert set(table["runs"]) == {("SAT", 2), ("SAT", 4), ("MLP", 2), ("MLP", 4)}
+    text = sa.format_table(rows)
+    assert "0.984 / 0.081" in text and len(text.splitlines()) == 5
+    json.dumps(sa.table_summary(table))  # what results.json holds is serialisable
+    assert set(sa.table_figures(table)) == {"samples_s2", "samples_s4", "attention_s2",
+                                            "attention_s4", "results"}
+
+
+# ---- rule task ----
+
+def test_attention_graph_splits_each_rules_mean_logit_over_the_inputs():
+    torch.manual_seed(0)
+    model = sa.SAT(11, init_std=0.3)
+    bits, labels = sa.RuleAndGenerator(11, 2, seed=0).sample(300)
+    edges = sa.attention_graph(model, bits, labels)
+    assert edges.shape == (2, 11)
+    logits = model.logits(bits).detach()
+    for rule in (0, 1):
+        chosen = (bits[:, -1] == rule) & (labels == 1)
+        assert edges[rule].sum().item() == pytest.approx(logits[chosen].mean().item(), abs=1e-5)
+    with pytest.raises(ValueError, match="positive samples with rule 1"):
+        sa.attention_graph(model, bits[bits[:, -1] == 0], labels[bits[:, -1] == 0])
+
+
+def test_targets_lead_compares_the_largest_absolute_weights():
+    edges = torch.tensor([[0.1, -3.0, 0.2, 2.0, 9.0],    # rule 0: largest among inputs 1, 3
+                          [0.1, 0.2, 0.3, 0.4, -9.0]])   # rule 1: 2, 3 (the rule token excluded)
+    assert sa.targets_lead(edges, (torch.tensor([1, 3]), torch.tensor([0, 2]))) == [True, False]
+
+
+def test_rule_task_learns():
+    run = sa.run_rule_task(sa.RuleAndConfig(epochs=300), seed=0)
+    assert run["val"]["accuracy"] >= 0.85
+    assert len(run["targets_lead"]) == 2
+    assert "rule 0: targets" in sa.format_rule_summary(sa.rule_summary(run, sa.RuleAndConfig(), 0))
+
+
+# ---- gain demo ----
+
+def test_gain_weights_are_a_softmax_and_sharpen_with_the_gain():
+    x, q1, q2 = sa.gain_inputs()
+    assert q1.sum().item() == pytest.approx(1) and q2.sum().item() == pytest.approx(1)
+    assert q1[0] > q1[-1] and q2[-1] > q2[0]
+    w, y = sa.gain_weights(0.0, 0.0)
+    torch.testing.assert_close(w, torch.full((20,), 1 / 20))
+    assert y.item() == pytest.approx(x.mean().item(), abs=1e-6)
+
+    def entropy(w):
+        return -(w * w.log()).sum().item()
+
+    entropies = [entropy(sa.gain_weights(z, 0.0)[0]) for z in (0.0, 2.0, 5.0, 10.0, 50.0)]
+    assert entropies == sorted(entropies, reverse=True) and entropies[-1] < entropies[0] - 1
+    w, y = sa.gain_weights(3.0, 7.0)
+    assert w.sum().item() == pytest.approx(1)
+    assert y.item() == pytest.approx(float((w.double() * x.double()).sum()), abs=1e-6)
+    assert w[-1] > w[0]  # q₂'s larger gain pulls the weight to the end
+
+
+# ---- plots ----
+
+def test_boolean_samples_boxes_every_target():
+    bits, labels = sa.SparseAndGenerator(9, 3, seed=0).sample(40)
+    fig = plot.boolean_samples(bits, labels, [1, 4, 6], count=10)
+    boxes = [p for p in fig.axes[0].patches if isinstance(p, Rectangle)]
+    assert len(boxes) == 3 and [b.get_x() + 0.5 for b in boxes] == [1, 4, 6]
+    assert fig.axes[0].images[0].get_array().shape == (10, 9)
+    with pytest.raises(ValueError, match="samples >= 1"):
+        plot.boolean_samples(bits[:0], labels[:0], [1])
+
+
+def test_last_token_attention_and_results_figures():
+    weights = torch.rand(30, 8).softmax(-1)
+    labels = (torch.arange(30) % 2).float()
+    fig = plot.last_token_attention(weights, labels, [2, 5])
+    assert len(fig.axes) == 2
+    assert all(len([p for p in ax.patches if isinstance(p, Rectangle)]) == 2 for ax in fig.axes)
+    with pytest.raises(ValueError, match="one label per sample"):
+        plot.last_token_attention(weights, labels[:5], [2])
+    rows = [{"model": m, "s": s, "parameters": 65, "val_accuracy_mean": 0.9,
+             "val_accuracy_std": 0.01, "val_loss_mean": 0.2, "val_loss_std": 0.05,
+             "reference": sa.REFERENCE[(m, s)]} for m in ("SAT", "MLP") for s in (2, 4)]
+    fig = plot.sparse_and_results(rows)
+    assert [len(ax.patches) for ax in fig.axes] == [4, 4]
+    with pytest.raises(ValueError, match="at least one row"):
+        plot.sparse_and_results([])
+
+
+def test_attention_graph_figure_has_one_panel_per_rule_with_an_edge_per_input():
+    fig = plot.attention_graph(torch.randn(2, 11), (torch.tensor([0, 1]), torch.tensor([2, 3])))
+    assert len(fig.axes) == 2 and all(len(ax.lines) == 11 for ax in fig.axes)
+
+
+# ---- command line ----
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
+
+
+def test_rule_and_command_writes_results_and_the_graph(tmp_path):
+    result = run("rule-and", "--fast", "--quiet", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["val"]["accuracy"] > 0.85 and len(summary["targets_lead"]) == 2
+    assert (tmp_path / "attention_graph.png").stat().st_size > 0
+    assert "rule 1: targets" in result.stdout
+
+
+def test_sparse_and_command_prints_the_table_and_writes_plots(tmp_path):
+    result = run("sparse-and", "--fast", "--seeds", "1", "--seed", "2", "--quiet",
+                 "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert len(summary["rows"]) == 4 and summary["first_seed"] == 2
+    assert all(len(row["seeds"]) == 1 for row in summary["rows"])
+    for name in ("results", "samples_s2", "attention_s2", "attention_s4"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 0
+    assert "SAT" in result.stdout and "0.932 / 3.12" in result.stdout
+
+
+def test_bad_command_line_exits_nonzero_with_one_line_and_no_traceback():
+    result = run("sparse-and", "--seeds", "0")
+    assert result.returncode != 0 and "--seeds must be at least 1" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -15,7 +15,7 @@ import torch
 import attnlab
 from attnlab import cli
 from attnlab import nn as attn_nn
-from attnlab.data import DataError, load_fashion_mnist, read_idx
+from attnlab.data import DataError, load_fashion_mnist, load_imdb, read_idx
 from attnlab.tasks import anomaly, reverse
 from attnlab.train import CheckpointError, TrainConfig, fit, load_checkpoint
 
@@ -242,6 +242,11 @@ FILES = {
     "images and labels of different counts": (
         lambda tmp: load_fashion_mnist(write_idx(fashion_folder(tmp) / "t10k-labels-idx1-ubyte.gz", np.zeros(4)).parent),
         DataError, r"test images \[5, 28, 28\] and labels \[4\] do not match"),
+    "not an aclImdb folder": (
+        lambda tmp: load_imdb(made_dirs(tmp, "train/pos", "train/neg", "test/pos")), DataError,
+        r"is not an aclImdb folder: it lacks the sub-folder\(s\) test/neg"),
+    "aclImdb folder missing": (lambda tmp: load_imdb(tmp / "aclImdb"), DataError,
+                               r"IMDB corpus not found: .*aclImdb is not a folder; download"),
     "checkpoint cut in half": (
         lambda tmp: load_checkpoint(cut_in_half(save(a_checkpoint(), tmp / "c.pt")), "reverse"),
         CheckpointError, r"cannot read checkpoint .*c.pt"),
@@ -263,6 +268,12 @@ FILES = {
         lambda tmp: fit(reverse.make_task(tiny_reverse()), tiny_reverse().train, out_dir=save_bytes(tmp / "f", b""), progress=False),
         NotADirectoryError, r"out_dir .*f is a file; it must be a folder for the checkpoint"),
 }
+
+
+def made_dirs(root, *names):
+    for name in names:
+        (root / name).mkdir(parents=True)
+    return root
 
 
 def save_bytes(path, data):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from common import compare, machine_description, markdown_table
+from common import compare, machine_description, markdown_table, runner
 
 SHAPES = [(128, 1, 16, 32), (64, 4, 10, 64), (8, 8, 512, 64), (2, 8, 2048, 64)]
 
@@ -42,22 +42,6 @@ def attnlab_with_weights(q, k, v, is_causal):
 
 def torch_output(q, k, v, is_causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-
-
-def runner(fn, q, k, v, is_causal, backward):
-    """A no-argument callable running fn forward (without autograd) or forward+backward."""
-    if not backward:
-        def run():
-            with torch.no_grad():
-                fn(q, k, v, is_causal)
-        return run
-    grad = torch.ones(q.shape[:-1] + (v.shape[-1],))
-
-    def run_backward():
-        out = fn(q, k, v, is_causal)
-        out = out[0] if isinstance(out, tuple) else out
-        out.backward(grad)
-    return run_backward
 
 
 def speed_tables(min_run_time):

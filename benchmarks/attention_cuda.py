@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnlab
-from common import markdown_table
+from common import markdown_table, runner
 
 TOKENS = 16 * 1024
 WIDTH = 2048
@@ -75,22 +75,6 @@ def plain_attention(q, k, v, is_causal):
 
 def attnlab_with_weights(q, k, v, is_causal):
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal, need_weights=True)
-
-
-def runner(fn, q, k, v, is_causal, backward):
-    """A no-argument callable: fn forward without autograd, or forward+backward."""
-    if not backward:
-        def run():
-            with torch.no_grad():
-                fn(q, k, v, is_causal)
-        return run
-    grad = torch.ones(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
-
-    def run_backward():
-        out = fn(q, k, v, is_causal)
-        out = out[0] if isinstance(out, tuple) else out
-        out.backward(grad)
-    return run_backward
 
 
 def inputs(length, head_size, dtype):

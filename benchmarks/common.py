@@ -8,6 +8,23 @@ import torch
 from torch.utils.benchmark import Timer
 
 
+def runner(fn, q, k, v, is_causal, backward):
+    """A no-argument callable running fn(q, k, v, is_causal) forward (without autograd) or
+    forward+backward; fn may return (output, weights)."""
+    if not backward:
+        def run():
+            with torch.no_grad():
+                fn(q, k, v, is_causal)
+        return run
+    grad = torch.ones(q.shape[:-1] + (v.shape[-1],), dtype=q.dtype, device=q.device)
+
+    def run_backward():
+        out = fn(q, k, v, is_causal)
+        out = out[0] if isinstance(out, tuple) else out
+        out.backward(grad)
+    return run_backward
+
+
 def compare(fns, min_run_time=0.5, rounds=5):
     """Median seconds of each function, measured in alternating rounds so that a slow spell of
     the machine hits all of them alike."""

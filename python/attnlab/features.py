@@ -44,6 +44,18 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("ATTNLAB_CACHE", Path.home() / ".cache" / "attnlab"))
 
 
+def _read_cache(cache: Path) -> dict | None:
+    """A cache file's content, or None when it is missing; a damaged one is removed (rebuilt,
+    not trusted)."""
+    if not cache.exists():
+        return None
+    try:
+        return torch.load(cache, weights_only=False)
+    except Exception:
+        cache.unlink()
+        return None
+
+
 def fashion_features(data_root=None, cache_dir=None, epochs: int = 2, seed: int = 0,
                      progress: bool = True) -> dict:
     """{"train": (features [60000, 256], labels), "test": (features [10000, 256], labels),
@@ -53,11 +65,9 @@ def fashion_features(data_root=None, cache_dir=None, epochs: int = 2, seed: int 
     source = Path(data_root if data_root is not None else FASHION_MNIST_DIR).resolve()
     tag = hashlib.sha1(str(source).encode()).hexdigest()[:10]
     cache = cache_dir / f"fashion_features_v{CACHE_VERSION}_e{epochs}_s{seed}_{tag}.pt"
-    if cache.exists():
-        try:
-            return torch.load(cache, weights_only=False)
-        except Exception:  # a damaged cache is rebuilt, not trusted
-            cache.unlink()
+    cached = _read_cache(cache)
+    if cached is not None:
+        return cached
     data = load_fashion_mnist(data_root)
     seed_everything(seed)
     net = FeatureNet()
@@ -126,11 +136,9 @@ def cifar_resnet_features(data_root, weights=None, image_size: int = 224, cache_
     data_root = Path(data_root)
     cache = cache_dir / (f"cifar100_resnet34_v{CACHE_VERSION}_{image_size}px_"
                          f"{_file_tag(data_root / 'train', data_root / 'test', weights)}.pt")
-    if cache.exists():
-        try:
-            return torch.load(cache, weights_only=False)
-        except Exception:  # a damaged cache is rebuilt, not trusted
-            cache.unlink()
+    cached = _read_cache(cache)
+    if cached is not None:
+        return cached
     data = load_cifar100(data_root)
     net = torchvision.models.resnet34(weights=None)
     try:

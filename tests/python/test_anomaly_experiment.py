@@ -1,8 +1,6 @@
 """The set-anomaly experiment on the real Fashion-MNIST (Debian's dataset-fashion-mnist)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,17 +8,15 @@ import torch
 from attnlab.data import FASHION_MNIST_DIR
 from attnlab.models import TransformerPredictor
 
+from cli_runner import run_cli
+
 needs_data = pytest.mark.skipif(not FASHION_MNIST_DIR.is_dir(),
                                 reason="Debian's dataset-fashion-mnist is not installed")
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
-
-
 @needs_data
 def test_anomaly_fast_reaches_94_percent(tmp_path):
-    result = run("anomaly", "--fast", "--quiet", "--out", str(tmp_path))
+    result = run_cli("anomaly", "--fast", "--quiet", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["test"]["accuracy"] >= 0.94
@@ -41,7 +37,7 @@ def test_set_model_is_permutation_equivariant():
 
 
 def test_anomaly_missing_data_is_one_line(tmp_path):
-    result = run("anomaly", "--fast", "--quiet", "--data", str(tmp_path / "none"),
+    result = run_cli("anomaly", "--fast", "--quiet", "--data", str(tmp_path / "none"),
                  "--out", str(tmp_path / "out"))
     assert result.returncode == 1
     assert "Fashion-MNIST not found" in result.stderr and "Traceback" not in result.stderr

@@ -1,22 +1,18 @@
 """The command line, run as a user would run it."""
 
 import re
-import subprocess
-import sys
 
-
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
+from cli_runner import run_cli
 
 
 def test_demo_prints_weights_that_sum_to_one():
-    result = run("demo", "--length", "4", "--dim", "3")
+    result = run_cli("demo", "--length", "4", "--dim", "3")
     assert result.returncode == 0, result.stderr
     assert "weights" in result.stdout and "Key-value lookup" in result.stdout
 
 
 def test_key_value_lookup_in_demo_returns_the_matching_value():
-    result = run("demo")
+    result = run_cli("demo")
     assert result.returncode == 0, result.stderr
     lookup = result.stdout.split("Key-value lookup")[1].split("output")[1]
     numbers = [float(x) for x in re.findall(r"-?\d+\.\d*", lookup.split("3. Causal")[0])]
@@ -25,12 +21,12 @@ def test_key_value_lookup_in_demo_returns_the_matching_value():
 
 
 def test_bad_arguments_exit_nonzero_with_one_line():
-    result = run("demo", "--length", "0")
+    result = run_cli("demo", "--length", "0")
     assert result.returncode != 0
     assert "--length and --dim must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_no_command_prints_help():
-    result = run()
+    result = run_cli()
     assert result.returncode == 2 and "demo" in result.stdout

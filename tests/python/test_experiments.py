@@ -2,8 +2,6 @@
 
 import dataclasses
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -11,18 +9,16 @@ import torch
 from attnlab.tasks import reverse
 from attnlab.train import CheckpointError, TrainConfig, fit
 
+from cli_runner import run_cli
+
 
 def small_config(seed=0, epochs=2):
     return reverse.ReverseConfig(train_size=1280, val_size=200, test_size=200,
                                  train=TrainConfig(epochs=epochs, seed=seed))
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
-
-
 def test_reverse_fast_reaches_99_percent_and_writes_results(tmp_path):
-    result = run("reverse", "--fast", "--quiet", "--out", str(tmp_path))
+    result = run_cli("reverse", "--fast", "--quiet", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["test"]["accuracy"] >= 0.99
@@ -81,14 +77,14 @@ def test_checkpoint_of_another_configuration_is_refused(tmp_path):
 
 def test_cli_unreadable_checkpoint_is_one_line_and_nonzero(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    result = run("reverse", "--fast", "--quiet", "--out", str(tmp_path))
+    result = run_cli("reverse", "--fast", "--quiet", "--out", str(tmp_path))
     assert result.returncode == 1
     assert result.stderr.strip().startswith("attnlab reverse: error: cannot read checkpoint")
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
 
 def test_cli_bad_epochs_exit_nonzero():
-    result = run("reverse", "--epochs", "0")
+    result = run_cli("reverse", "--epochs", "0")
     assert result.returncode == 2 and "--epochs must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr
 

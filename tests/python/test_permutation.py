@@ -2,10 +2,8 @@
 command line."""
 
 import dataclasses
+import functools
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,20 +12,9 @@ from attnlab import plot
 from attnlab.tasks import permutation
 from attnlab.train import fit
 
+from cli_runner import run_cli
 
-@pytest.fixture
-def one_thread():
-    """A model this small trains several times faster on one thread than on two busy ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True,
-                          text=True, env=env)
+run_cli_one_thread = functools.partial(run_cli, one_thread=True)
 
 
 def test_spec_example_targets():
@@ -150,7 +137,7 @@ def test_bad_configuration_and_inputs_raise_clear_errors():
 
 
 def test_cli_fast_run_writes_results_and_plots(tmp_path):
-    result = run("permutation", "--fast", "--epochs", "1", "--attention", "multiplicative",
+    result = run_cli_one_thread("permutation", "--fast", "--epochs", "1", "--attention", "multiplicative",
                  "--autoregressive", "--quiet", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
@@ -161,14 +148,14 @@ def test_cli_fast_run_writes_results_and_plots(tmp_path):
     for name in ("attention.png", "attention_p2.png", "training.png", "checkpoint.pt"):
         assert (tmp_path / name).stat().st_size > 0
     # Another variant in the same folder is refused instead of resuming the wrong model.
-    other = run("permutation", "--fast", "--epochs", "1", "--attention", "additive",
+    other = run_cli_one_thread("permutation", "--fast", "--epochs", "1", "--attention", "additive",
                 "--autoregressive", "--quiet", "--out", str(tmp_path))
     assert other.returncode == 1 and "is not a checkpoint of the" in other.stderr
     assert len(other.stderr.strip().splitlines()) == 1
 
 
 def test_cli_bad_choice_exits_2_without_traceback():
-    result = run("permutation", "--attention", "dot")
+    result = run_cli_one_thread("permutation", "--attention", "dot")
     assert result.returncode == 2
     assert "--attention: invalid choice: 'dot'" in result.stderr
     assert "Traceback" not in result.stderr

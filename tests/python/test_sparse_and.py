@@ -3,8 +3,6 @@ plots and the two commands."""
 
 import json
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,6 +11,8 @@ from matplotlib.patches import Rectangle
 import reference
 from attnlab import plot
 from attnlab.tasks import sparse_and as sa
+
+from cli_runner import run_cli
 
 
 def rows_and_of(bits, target_sets_by_row):
@@ -249,12 +249,9 @@ def test_attention_graph_figure_has_one_panel_per_rule_with_an_edge_per_input():
 
 # ---- command line ----
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True, text=True)
-
 
 def test_rule_and_command_writes_results_and_the_graph(tmp_path):
-    result = run("rule-and", "--fast", "--quiet", "--out", str(tmp_path))
+    result = run_cli("rule-and", "--fast", "--quiet", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["val"]["accuracy"] > 0.85 and len(summary["targets_lead"]) == 2
@@ -263,7 +260,7 @@ def test_rule_and_command_writes_results_and_the_graph(tmp_path):
 
 
 def test_sparse_and_command_prints_the_table_and_writes_plots(tmp_path):
-    result = run("sparse-and", "--fast", "--seeds", "1", "--seed", "2", "--quiet",
+    result = run_cli("sparse-and", "--fast", "--seeds", "1", "--seed", "2", "--quiet",
                  "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
@@ -275,6 +272,6 @@ def test_sparse_and_command_prints_the_table_and_writes_plots(tmp_path):
 
 
 def test_bad_command_line_exits_nonzero_with_one_line_and_no_traceback():
-    result = run("sparse-and", "--seeds", "0")
+    result = run_cli("sparse-and", "--seeds", "0")
     assert result.returncode != 0 and "--seeds must be at least 1" in result.stderr
     assert "Traceback" not in result.stderr

@@ -2,10 +2,8 @@
 run on a small corpus the test writes."""
 
 import dataclasses
+import functools
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,20 +12,9 @@ from attnlab.data import DataError, load_imdb
 from attnlab.tasks import text
 from attnlab.train import TrainConfig, fit
 
+from cli_runner import run_cli
 
-@pytest.fixture
-def one_thread():
-    """A model this small trains several times faster on one thread than on two busy ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def run(*args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "attnlab", *args], capture_output=True,
-                          text=True, env=env)
+run_cli_one_thread = functools.partial(run_cli, one_thread=True)
 
 
 def write_reviews(folder, reviews):
@@ -152,7 +139,7 @@ def test_config_validation():
 
 
 def test_cli_without_data_explains_where_to_put_the_corpus():
-    result = run("text", "--quiet")
+    result = run_cli_one_thread("text", "--quiet")
     assert result.returncode == 1
     assert "attnlab text: error: the text experiment needs the IMDB corpus" in result.stderr
     assert "--data" in result.stderr and "cannot be downloaded from here" in result.stderr
@@ -160,13 +147,13 @@ def test_cli_without_data_explains_where_to_put_the_corpus():
 
 
 def test_cli_folder_that_is_not_aclimdb_is_refused(tmp_path):
-    result = run("text", "--quiet", "--data", str(tmp_path))
+    result = run_cli_one_thread("text", "--quiet", "--data", str(tmp_path))
     assert result.returncode == 1 and "is not an aclImdb folder" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_cli_fast_run_on_the_demo_corpus(demo_corpus, tmp_path):
-    result = run("text", "--fast", "--quiet", "--data", str(demo_corpus), "--out", str(tmp_path))
+    result = run_cli_one_thread("text", "--fast", "--quiet", "--data", str(demo_corpus), "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["config"]["data"] == str(demo_corpus) and len(summary["history"]) == 2

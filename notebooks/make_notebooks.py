@@ -123,19 +123,30 @@ to 1), and a noisy sine x. The weights are w = softmax(z₁q₁ + z₂q₂) and 
 The gains z₁, z₂ scale the scores: at 0 the weights are uniform and y is the plain mean; the
 larger a gain, the more w concentrates where its profile is high. Move the sliders (in a live
 notebook)."""),
-    new_code_cell("""import ipywidgets as widgets
+    new_code_cell("""import io
+
+import ipywidgets as widgets
 from IPython.display import display
 
 x, q1, q2 = sa.gain_inputs()
+z1 = widgets.FloatSlider(value=2.0, min=0, max=10, step=0.5, description="z₁")
+z2 = widgets.FloatSlider(value=2.0, min=0, max=10, step=0.5, description="z₂")
+view = widgets.Image(format="png")
 
 
-def show_gain(z1=2.0, z2=2.0):
-    w, y = sa.gain_weights(z1, z2)
-    display(plot.gain_view(x, q1, q2, w, y, z1, z2))
+# The sliders redraw a PNG in an Image widget: no Output widget, whose captured outputs can
+# leave a headless run (nbclient, in the tests) waiting.
+def redraw(change=None):
+    w, y = sa.gain_weights(z1.value, z2.value)
+    png = io.BytesIO()
+    plot.gain_view(x, q1, q2, w, y, z1.value, z2.value).savefig(png, format="png", dpi=80)
+    view.value = png.getvalue()
 
 
-widgets.interact(show_gain, z1=widgets.FloatSlider(value=2.0, min=0, max=10, step=0.5),
-                 z2=widgets.FloatSlider(value=2.0, min=0, max=10, step=0.5));"""),
+z1.observe(redraw, "value")
+z2.observe(redraw, "value")
+redraw()
+display(widgets.VBox([widgets.HBox([z1, z2]), view]))"""),
     new_markdown_cell("""The same view for a few fixed gains (a static figure, for readers without a kernel):"""),
     new_code_cell("""settings = [(0, 0), (10, 0), (0, 10), (10, 10), (50, 0)]
 fig = Figure(figsize=(3 * len(settings), 2.6), layout="constrained")

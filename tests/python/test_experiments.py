@@ -10,6 +10,7 @@ from attnlab.tasks import reverse
 from attnlab.train import CheckpointError, TrainConfig, fit
 
 from cli_runner import run_cli
+from interruption import interrupt_during
 
 
 def small_config(seed=0, epochs=2):
@@ -49,15 +50,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path):
     uninterrupted = fit(reverse.make_task(config), config.train, out_dir=tmp_path / "a",
                         progress=False)
 
-    task = reverse.make_task(config)
-    original = task.train_batches
-
-    def interrupted(epoch, generator):  # stops the run in the middle of its second epoch
-        for index, batch in enumerate(original(epoch, generator)):
-            if epoch == 1 and index == 3:
-                raise KeyboardInterrupt
-            yield batch
-    task.train_batches = interrupted
+    task = interrupt_during(reverse.make_task(config), epoch=1, batch=3)
     with pytest.raises(KeyboardInterrupt):
         fit(task, config.train, out_dir=tmp_path / "b", progress=False)
     assert torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["epoch"] == 1

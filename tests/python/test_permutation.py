@@ -13,6 +13,7 @@ from attnlab.tasks import permutation
 from attnlab.train import fit
 
 from cli_runner import run_cli
+from interruption import interrupt_during
 
 run_cli_one_thread = functools.partial(run_cli, one_thread=True)
 
@@ -85,15 +86,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(tmp_path, one_thread):
     uninterrupted = fit(permutation.make_task(config), config.train, out_dir=tmp_path / "a",
                         progress=False)
 
-    task = permutation.make_task(config)
-    original = task.train_batches
-
-    def interrupted(epoch, generator):  # stops the run in the middle of its second epoch
-        for index, batch in enumerate(original(epoch, generator)):
-            if epoch == 1 and index == 5:
-                raise KeyboardInterrupt
-            yield batch
-    task.train_batches = interrupted
+    task = interrupt_during(permutation.make_task(config), epoch=1, batch=5)
     with pytest.raises(KeyboardInterrupt):
         fit(task, config.train, out_dir=tmp_path / "b", progress=False)
     resumed = fit(permutation.make_task(config), config.train, out_dir=tmp_path / "b",

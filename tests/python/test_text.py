@@ -13,6 +13,7 @@ from attnlab.tasks import text
 from attnlab.train import TrainConfig, fit
 
 from cli_runner import run_cli
+from interruption import interrupt_during
 
 run_cli_one_thread = functools.partial(run_cli, one_thread=True)
 
@@ -111,15 +112,7 @@ def test_interrupted_run_resumes_to_the_same_metrics(demo_corpus, tmp_path, one_
     config = small_config(demo_corpus, epochs=2, seed=3)
     uninterrupted = fit(text.make_task(config), config.train, out_dir=tmp_path / "a",
                         progress=False)
-    task = text.make_task(config)
-    original = task.train_batches
-
-    def interrupted(epoch, generator):
-        for index, batch in enumerate(original(epoch, generator)):
-            if epoch == 1 and index == 1:
-                raise KeyboardInterrupt
-            yield batch
-    task.train_batches = interrupted
+    task = interrupt_during(text.make_task(config), epoch=1, batch=1)
     with pytest.raises(KeyboardInterrupt):
         fit(task, config.train, out_dir=tmp_path / "b", progress=False)
     resumed = fit(text.make_task(config), config.train, out_dir=tmp_path / "b", progress=False)

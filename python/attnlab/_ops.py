@@ -39,3 +39,25 @@ def _additive_scores_forward_fake(query_proj, key_proj, weight):
 def _additive_scores_backward_fake(grad_scores, query_proj, key_proj, weight):
     return (query_proj.new_empty(query_proj.shape), key_proj.new_empty(key_proj.shape),
             weight.new_empty(weight.shape))
+
+
+def _encoder_block_activations(x, params, num_heads):
+    """Elements the forward keeps for the backward (cpu/encoder_block_kernel.h)."""
+    batch, length, dim = x.shape
+    dim_ff = params[6].shape[0]
+    tokens = batch * length
+    return tokens * (8 * dim + dim_ff + 2) + batch * num_heads * length
+
+
+@torch.library.register_fake("attnlab::_encoder_block_forward")
+def _encoder_block_forward_fake(x, params, num_heads, attn_mask, norm_first, norm1_eps,
+                                norm2_eps):
+    activations = x.new_empty((_encoder_block_activations(x, params, num_heads),))
+    return x.new_empty(x.shape), activations
+
+
+@torch.library.register_fake("attnlab::_encoder_block_backward")
+def _encoder_block_backward_fake(grad_output, x, params, num_heads, attn_mask, norm_first,
+                                 activations, input_grad):
+    grad_x = x.new_empty(x.shape) if input_grad else x.new_empty((0,))
+    return [grad_x] + [p.new_empty(p.shape) for p in params]

@@ -9,36 +9,7 @@ from torch import nn
 from attnlab.nn import (CosineWarmupScheduler, EncoderBlock, MultiheadAttention,
                         PositionalEncoding, TransformerEncoder, load_torch_multihead_attention,
                         sinusoidal_table)
-
-
-def tutorial_mha(module, x, mask=None):
-    """The tutorial's multi-head attention, from the module's weights, in plain torch ops."""
-    B, L, _ = x.shape
-    H, hd = module.num_heads, module.head_dim
-    qkv = x @ module.qkv_proj.weight.T + module.qkv_proj.bias
-    qkv = qkv.reshape(B, L, H, 3 * hd).permute(0, 2, 1, 3)
-    q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
-    logits = q @ k.transpose(-2, -1) / math.sqrt(hd)
-    if mask is not None:
-        mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
-        logits = logits.masked_fill(mask == 0, float("-inf"))
-    attention = torch.softmax(logits, dim=-1)
-    values = (attention @ v).permute(0, 2, 1, 3).reshape(B, L, H * hd)
-    return values @ module.o_proj.weight.T + module.o_proj.bias, attention
-
-
-def tutorial_block(block, x, mask=None):
-    def layer_norm(norm, t):
-        mean = t.mean(-1, keepdim=True)
-        var = ((t - mean) ** 2).mean(-1, keepdim=True)
-        return (t - mean) / torch.sqrt(var + norm.eps) * norm.weight + norm.bias
-
-    def ffn(t):
-        first, second = block.linear_net[0], block.linear_net[3]
-        return torch.relu(t @ first.weight.T + first.bias) @ second.weight.T + second.bias
-
-    x = layer_norm(block.norm1, x + tutorial_mha(block.self_attn, x, mask)[0])
-    return layer_norm(block.norm2, x + ffn(x))
+from reference import tutorial_block, tutorial_mha
 
 
 @pytest.mark.parametrize("mask_kind", [None, "2d", "3d"])
@@ -96,9 +67,7 @@ def test_pre_norm_block():
     torch.manual_seed(4)
     block = EncoderBlock(8, 2, 16, norm_first=True).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64)
-    h = x + tutorial_mha(block.self_attn, block.norm1(x))[0]
-    expected = h + block.linear_net(block.norm2(h))
-    torch.testing.assert_close(block(x), expected, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(block(x), tutorial_block(block, x), rtol=1e-9, atol=1e-9)
 
 
 def test_tutorial_state_dict_loads_unchanged():

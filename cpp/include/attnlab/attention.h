@@ -28,4 +28,23 @@ std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
 at::Tensor additive_scores(const at::Tensor& query_proj, const at::Tensor& key_proj,
                            const at::Tensor& weight);
 
+// The parameters of one encoder block, named and shaped as in attnlab.nn.EncoderBlock:
+// qkv [3·dim, dim] (per head [q_h; k_h; v_h]) and [3·dim], out [dim, dim] and [dim],
+// norm1/norm2 [dim], ff1 [dim_ff, dim] and [dim_ff], ff2 [dim, dim_ff] and [dim].
+struct EncoderBlockWeights {
+  at::Tensor qkv_weight, qkv_bias, out_weight, out_bias, norm1_weight, norm1_bias;
+  at::Tensor ff1_weight, ff1_bias, ff2_weight, ff2_bias, norm2_weight, norm2_bias;
+};
+
+// One transformer encoder block without dropout, fused into one operator (CPU, float32 or
+// float64). x [B, L, dim]. Post-norm: h = LN1(x + attn(x)), y = LN2(h + ff(h)); pre-norm
+// (norm_first): h = x + attn(LN1(x)), y = h + ff(LN2(h)); ff = Linear, ReLU, Linear. attn_mask
+// as for scaled_dot_product_attention, broadcastable to [B, heads, L, L] (no gradient).
+// Differentiable in x and every weight.
+at::Tensor encoder_block(const at::Tensor& x, const EncoderBlockWeights& weights,
+                         int64_t num_heads,
+                         const std::optional<at::Tensor>& attn_mask = std::nullopt,
+                         bool norm_first = false, double norm1_eps = 1e-5,
+                         double norm2_eps = 1e-5);
+
 }  // namespace attnlab

@@ -59,6 +59,25 @@ EncoderBlockImpl::EncoderBlockImpl(int64_t input_dim, int64_t num_heads,
 
 torch::Tensor EncoderBlockImpl::forward(const torch::Tensor& x,
                                         const std::optional<torch::Tensor>& mask) {
+  // The fused operator computes exactly this block on the CPU while dropout is inactive.
+  const bool dropout_active = is_training() && dropout->options.p() > 0;
+  const bool learnable_mask = mask && mask->requires_grad();
+  const auto& attn = *self_attn;
+  if (x.device().is_cpu() && x.dim() == 3 && x.size(2) == attn.input_dim &&
+      x.scalar_type() == attn.qkv_proj->weight.scalar_type() &&
+      (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kDouble) &&
+      !dropout_active && !learnable_mask) {
+    const auto& ff1 = linear_net[0]->as<torch::nn::Linear>();
+    const auto& ff2 = linear_net[3]->as<torch::nn::Linear>();
+    const EncoderBlockWeights weights{
+        attn.qkv_proj->weight, attn.qkv_proj->bias, attn.o_proj->weight, attn.o_proj->bias,
+        norm1->weight,         norm1->bias,         ff1->weight,         ff1->bias,
+        ff2->weight,           ff2->bias,           norm2->weight,       norm2->bias};
+    std::optional<torch::Tensor> heads_mask = mask;
+    if (mask && mask->dim() == 3) heads_mask = mask->unsqueeze(1);
+    return encoder_block(x, weights, attn.num_heads, heads_mask, norm_first,
+                         norm1->options.eps(), norm2->options.eps());
+  }
   if (norm_first) {
     auto h = x + dropout(std::get<0>(self_attn(norm1(x), mask)));
     return h + dropout(linear_net->forward(norm2(h)));

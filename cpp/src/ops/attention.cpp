@@ -15,6 +15,7 @@
 #include "attnlab/attention.h"
 #include "cpu/attention_kernel.h"
 #include "ops/checks.h"
+#include "ops/layout.h"
 
 namespace attnlab {
 namespace {
@@ -23,12 +24,6 @@ using at::Tensor;
 
 double resolve_scale(std::optional<double> scale, int64_t dim_qk) {
   return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dim_qk));
-}
-
-std::vector<int64_t> with_tail(at::IntArrayRef batch, std::initializer_list<int64_t> tail) {
-  std::vector<int64_t> shape(batch.begin(), batch.end());
-  shape.insert(shape.end(), tail);
-  return shape;
 }
 
 // An empty tensor for the attention weights. Large ones are backed by transparent huge pages
@@ -53,50 +48,6 @@ Tensor rows_contiguous(const Tensor& t) {
   const bool inner_ok = t.size(-1) <= 1 || t.stride(-1) == 1;
   const bool rows_ok = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
   return inner_ok && rows_ok ? t : t.contiguous();
-}
-
-// A tensor of shape [..., L, C] seen as the rows of the batch `batch`, without copying
-// broadcast or strided batch dimensions. `offsets` keeps one element offset per batch entry.
-template <typename T>
-cpu::BatchedRows<T> batched_rows(const Tensor& t, at::IntArrayRef batch,
-                                 std::vector<int64_t>& offsets) {
-  const Tensor e = t.expand(with_tail(batch, {t.size(-2), t.size(-1)}));
-  const int64_t dims = static_cast<int64_t>(batch.size());
-  offsets.assign(c10::multiply_integers(batch), 0);
-  std::vector<int64_t> index(dims, 0);
-  int64_t offset = 0;
-  for (auto& o : offsets) {
-    o = offset;
-    for (int64_t d = dims - 1; d >= 0; --d) {
-      if (++index[d] < e.size(d)) {
-        offset += e.stride(d);
-        break;
-      }
-      offset -= e.stride(d) * (e.size(d) - 1);
-      index[d] = 0;
-    }
-  }
-  const int64_t row_stride = e.size(-2) <= 1 ? std::max<int64_t>(1, e.size(-1)) : e.stride(-2);
-  return {e.data_ptr<T>(), offsets.data(), row_stride};
-}
-
-// The mask as an additive mask of the inputs' dtype whose key dimension is contiguous;
-// the query and batch dimensions may still broadcast.
-Tensor additive_mask(const Tensor& mask, const Tensor& query, int64_t len_k) {
-  Tensor m = mask;
-  while (m.dim() < 2) m = m.unsqueeze(0);
-  if (m.scalar_type() == at::kBool) {
-    m = at::where(m, at::zeros({}, query.options()),
-                  at::full({}, -std::numeric_limits<double>::infinity(), query.options()));
-  } else {
-    m = m.to(query.scalar_type());
-  }
-  if (m.size(-1) != len_k || (len_k > 1 && m.stride(-1) != 1)) {
-    std::vector<int64_t> shape(m.sizes().begin(), m.sizes().end());
-    shape.back() = len_k;
-    m = m.expand(shape).contiguous();
-  }
-  return m;
 }
 
 // Everything the kernels need, with the storage it points into.

@@ -188,3 +188,74 @@ void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_
 }
 
 }  // namespace attnlab::checks
+
+namespace attnlab::checks {
+namespace {
+
+constexpr const char* kBlock = "attnlab.encoder_block";
+constexpr const char* kBlockParams[] = {"qkv_weight", "qkv_bias",     "out_weight", "out_bias",
+                                        "norm1_weight", "norm1_bias", "ff1_weight", "ff1_bias",
+                                        "ff2_weight",   "ff2_bias",   "norm2_weight",
+                                        "norm2_bias"};
+
+}  // namespace
+
+void encoder_block_kinds(const at::Tensor& x, at::TensorList params,
+                         const std::optional<at::Tensor>& attn_mask) {
+  TORCH_CHECK(x.defined(), kBlock, ": x is an undefined tensor");
+  TORCH_CHECK(x.dim() == 3, kBlock, ": x must have shape [batch, length, dim], got shape ",
+              shape_str(x.sizes()));
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, kBlock,
+              ": x must be float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(x.device().is_cpu(), kBlock, ": runs on the CPU only, x is on ", x.device());
+  TORCH_CHECK(params.size() == std::size(kBlockParams), kBlock, ": expected ",
+              std::size(kBlockParams), " parameter tensors, got ", params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i];
+    TORCH_CHECK(p.defined(), kBlock, ": ", kBlockParams[i], " is an undefined tensor");
+    TORCH_CHECK(p.scalar_type() == x.scalar_type() && p.device() == x.device(), kBlock, ": ",
+                kBlockParams[i], " is ", p.scalar_type(), " on ", p.device(), " but x is ",
+                x.scalar_type(), " on ", x.device());
+  }
+  if (attn_mask && attn_mask->defined()) {
+    const auto& mask = *attn_mask;
+    TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), kBlock,
+                ": attn_mask must be bool (true = may attend) or floating point (added to the "
+                "scores), got ", mask.scalar_type());
+    TORCH_CHECK(mask.device() == x.device(), kBlock, ": attn_mask is on ", mask.device(),
+                " but x is on ", x.device());
+  }
+}
+
+void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t num_heads,
+                          const std::optional<at::Tensor>& attn_mask, double norm1_eps,
+                          double norm2_eps) {
+  encoder_block_kinds(x, params, attn_mask);
+  const int64_t batch = x.size(0), length = x.size(1), dim = x.size(2);
+  TORCH_CHECK(num_heads > 0 && dim % num_heads == 0, kBlock, ": num_heads (", num_heads,
+              ") must be positive and divide the width of x (", dim, ")");
+  const int64_t dim_ff = params[6].dim() == 2 ? params[6].size(0) : -1;
+  TORCH_CHECK(dim_ff > 0, kBlock, ": ff1_weight must have shape [dim_feedforward, ", dim,
+              "] with dim_feedforward > 0, got ", shape_str(params[6].sizes()));
+  const std::vector<std::vector<int64_t>> expected{
+      {3 * dim, dim}, {3 * dim}, {dim, dim}, {dim},  {dim}, {dim},
+      {dim_ff, dim},  {dim_ff},  {dim, dim_ff}, {dim}, {dim}, {dim}};
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].sizes() == at::IntArrayRef(expected[i]), kBlock, ": ",
+                kBlockParams[i], " must have shape ", shape_str(expected[i]), " for x of width ",
+                dim, ", got ", shape_str(params[i].sizes()));
+  }
+  if (attn_mask && attn_mask->defined()) {
+    const std::vector<int64_t> full{batch, num_heads, length, length};
+    const auto shape = broadcast(full, attn_mask->sizes());
+    TORCH_CHECK(shape && *shape == full, kBlock, ": attn_mask of shape ",
+                shape_str(attn_mask->sizes()), " does not broadcast to [batch, heads, length, "
+                "length] = ", shape_str(full));
+  }
+  for (const double eps : {norm1_eps, norm2_eps}) {
+    TORCH_CHECK(std::isfinite(eps) && eps >= 0, kBlock, ": LayerNorm eps must be a finite "
+                "number >= 0, got ", eps);
+  }
+}
+
+}  // namespace attnlab::checks

@@ -32,4 +32,14 @@ void additive_scores_kinds(const at::Tensor& query_proj, const at::Tensor& key_p
 void additive_scores_inputs(const at::Tensor& query_proj, const at::Tensor& key_proj,
                             const at::Tensor& weight);
 
+// attnlab.encoder_block: ranks, dtypes and devices only (safe on fake tensors).
+void encoder_block_kinds(const at::Tensor& x, at::TensorList params,
+                         const std::optional<at::Tensor>& attn_mask);
+
+// attnlab.encoder_block: x [B, L, dim], the twelve parameters in EncoderBlock's order and
+// shapes, a mask broadcastable to [B, heads, L, L], heads dividing dim, finite eps.
+void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t num_heads,
+                          const std::optional<at::Tensor>& attn_mask, double norm1_eps,
+                          double norm2_eps);
+
 }  // namespace attnlab::checks

@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .multihead import MultiheadAttention, load_torch_multihead_attention
+from .multihead import MultiheadAttention, _heads_mask, load_torch_multihead_attention
 
 
 class EncoderBlock(nn.Module):
     """``x = norm1(x + dropout(self_attn(x)))``, ``x = norm2(x + dropout(linear_net(x)))`` with
     ``linear_net`` = Linear → Dropout → ReLU → Linear. With ``norm_first=True`` (pre-norm):
-    ``x = x + dropout(self_attn(norm1(x)))``, ``x = x + dropout(linear_net(norm2(x)))``."""
+    ``x = x + dropout(self_attn(norm1(x)))``, ``x = x + dropout(linear_net(norm2(x)))``.
+
+    On the CPU, whenever dropout is inactive (p = 0, or eval mode), the whole block runs as one
+    fused operator, ``torch.ops.attnlab.encoder_block``, forward and backward; otherwise it
+    runs module by module."""
 
     def __init__(self, input_dim: int, num_heads: int, dim_feedforward: int,
                  dropout: float = 0.0, norm_first: bool = False):
@@ -33,11 +37,32 @@ class EncoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self._fusable(x, mask):
+            return torch.ops.attnlab.encoder_block(
+                x, *self._fused_parameters(), self.self_attn.num_heads,
+                _heads_mask(mask, x.shape[0], x.shape[1]), self.norm_first, self.norm1.eps,
+                self.norm2.eps)
         if self.norm_first:
             x = x + self.dropout(self.self_attn(self.norm1(x), mask=mask))
             return x + self.dropout(self.linear_net(self.norm2(x)))
         x = self.norm1(x + self.dropout(self.self_attn(x, mask=mask)))
         return self.norm2(x + self.dropout(self.linear_net(x)))
+
+    def _fusable(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        """Whether the fused operator computes exactly this forward: on the CPU in float32 or
+        float64, with dropout inactive and no mask that wants a gradient."""
+        dropout_active = self.training and (self.dropout.p > 0 or self.linear_net[1].p > 0)
+        return (x.device.type == "cpu" and x.dim() == 3
+                and x.dtype in (torch.float32, torch.float64)
+                and x.shape[-1] == self.self_attn.input_dim
+                and x.dtype == self.self_attn.qkv_proj.weight.dtype
+                and not dropout_active and (mask is None or not mask.requires_grad))
+
+    def _fused_parameters(self):
+        attn, ff = self.self_attn, self.linear_net
+        return (attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias,
+                self.norm1.weight, self.norm1.bias, ff[0].weight, ff[0].bias, ff[3].weight,
+                ff[3].bias, self.norm2.weight, self.norm2.bias)
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "EncoderBlock":

@@ -1,0 +1,381 @@
+#include "cpu/encoder_block_kernel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "cpu/blas.h"
+#include "cpu/isa.h"
+
+namespace attnlab::cpu {
+namespace {
+
+template <typename T>
+std::unique_ptr<T[]> scratch(int64_t n) {
+  return std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n));
+}
+
+// Y[rows, out] = X[rows, in]·Wᵀ + bias, W [out, in].
+template <typename T>
+void linear(int64_t rows, int64_t in, int64_t out, const T* x, const T* weight, const T* bias,
+            T* y) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(bias, bias + out, y + r * out);
+  gemm(false, true, rows, out, in, T(1), x, in, weight, in, T(1), y, out);
+}
+
+// out[c] = Σ_r x[r, c].
+template <typename T>
+ATTNLAB_ISA_CLONES void column_sums(int64_t rows, int64_t cols, const T* x, T* out) {
+  std::fill(out, out + cols, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
+  }
+}
+
+// For Y = X·Wᵀ + b: dW = dYᵀ·X, db = Σ_rows dY, and dX = dY·W (+ dX when accumulate), unless
+// grad_x is null.
+template <typename T>
+void linear_backward(int64_t rows, int64_t in, int64_t out, const T* grad_y, const T* x,
+                     const T* weight, T* grad_x, bool accumulate, T* grad_weight, T* grad_bias) {
+  gemm(true, false, out, in, rows, T(1), grad_y, out, x, in, T(0), grad_weight, in);
+  column_sums(rows, out, grad_y, grad_bias);
+  if (grad_x) {
+    gemm(false, false, rows, in, out, T(1), grad_y, out, weight, in, accumulate ? T(1) : T(0),
+         grad_x, in);
+  }
+}
+
+// LayerNorm of the rows v = a + b + bias (b and bias may be null): xhat = (v − mean)·rstd,
+// out = xhat·weight + shift. sum_out, when not null, receives v itself.
+template <typename T>
+ATTNLAB_ISA_CLONES void layer_norm_rows(int64_t rows, int64_t cols, const T* a, const T* b,
+                                        const T* bias, const T* weight, const T* shift, T eps,
+                                        T* sum_out, T* xhat, T* rstd, T* out) {
+  std::vector<T> v(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* ar = a + r * cols;
+    T mean = 0;
+#pragma omp simd reduction(+ : mean)
+    for (int64_t c = 0; c < cols; ++c) {
+      v[c] = ar[c] + (b ? b[r * cols + c] : T(0)) + (bias ? bias[c] : T(0));
+      mean += v[c];
+    }
+    mean /= cols;
+    T var = 0;
+#pragma omp simd reduction(+ : var)
+    for (int64_t c = 0; c < cols; ++c) var += (v[c] - mean) * (v[c] - mean);
+    const T inv = T(1) / std::sqrt(var / cols + eps);
+    rstd[r] = inv;
+    T* xr = xhat + r * cols;
+    T* outr = out + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      xr[c] = (v[c] - mean) * inv;
+      outr[c] = xr[c] * weight[c] + shift[c];
+    }
+    if (sum_out) std::copy(v.begin(), v.end(), sum_out + r * cols);
+  }
+}
+
+// LayerNorm backward from dout = ∂L/∂out: with g = dout·weight,
+// dv = rstd·(g − mean(g) − xhat·mean(g·xhat)), written to grad_in, or added to it when
+// accumulate; grad_weight = Σ dout·xhat, grad_shift = Σ dout. grad_in may alias dout.
+template <typename T>
+ATTNLAB_ISA_CLONES void layer_norm_backward_rows(int64_t rows, int64_t cols, const T* dout,
+                                                 const T* xhat, const T* rstd, const T* weight,
+                                                 T* grad_in, bool accumulate, T* grad_weight,
+                                                 T* grad_shift) {
+  std::fill(grad_weight, grad_weight + cols, T(0));
+  std::fill(grad_shift, grad_shift + cols, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* dr = dout + r * cols;
+    const T* xr = xhat + r * cols;
+    T g_sum = 0, gx_sum = 0;
+#pragma omp simd reduction(+ : g_sum, gx_sum)
+    for (int64_t c = 0; c < cols; ++c) {
+      const T g = dr[c] * weight[c];
+      g_sum += g;
+      gx_sum += g * xr[c];
+      grad_weight[c] += dr[c] * xr[c];
+      grad_shift[c] += dr[c];
+    }
+    const T g_mean = g_sum / cols, gx_mean = gx_sum / cols, inv = rstd[r];
+    T* gr = grad_in + r * cols;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const T d = inv * (dr[c] * weight[c] - g_mean - xr[c] * gx_mean);
+      gr[c] = accumulate ? gr[c] + d : d;
+    }
+  }
+}
+
+template <typename T>
+ATTNLAB_ISA_CLONES void relu_in_place(int64_t n, T* x) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) x[i] = x[i] > T(0) ? x[i] : T(0);
+}
+
+// grad *= (relu_out > 0)
+template <typename T>
+ATTNLAB_ISA_CLONES void relu_backward_in_place(int64_t n, const T* relu_out, T* grad) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) grad[i] = relu_out[i] > T(0) ? grad[i] : T(0);
+}
+
+// out = a + b + bias (rows of cols), any of b, bias may be null.
+template <typename T>
+ATTNLAB_ISA_CLONES void add_rows(int64_t rows, int64_t cols, const T* a, const T* b,
+                                 const T* bias, T* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      out[r * cols + c] = a[r * cols + c] + (b ? b[r * cols + c] : T(0)) + (bias ? bias[c] : T(0));
+    }
+  }
+}
+
+// Views of the forward's activations buffer (layout in the header).
+template <typename T>
+struct Activations {
+  T *qkv, *attention, *xhat1, *norm1_out, *xhat2, *norm2_out, *relu_out, *rstd1, *rstd2, *lse;
+  Activations(const EncoderBlockShape& s, T* base) {
+    const int64_t n = s.tokens(), e = s.dim;
+    qkv = base;
+    attention = qkv + n * 3 * e;
+    xhat1 = attention + n * e;
+    norm1_out = xhat1 + n * e;
+    xhat2 = norm1_out + n * e;
+    norm2_out = xhat2 + n * e;
+    relu_out = norm2_out + n * e;
+    rstd1 = relu_out + n * s.dim_ff;
+    rstd2 = rstd1 + n;
+    lse = rstd2 + n;
+  }
+};
+
+// Attention over the heads of a [N, 3E] qkv buffer laid out per head as [q_h | k_h | v_h]: each
+// (batch, head) entry reads its rows in place, at row stride 3E.
+template <typename T>
+struct HeadsProblem {
+  AttentionProblem<T> problem;
+  std::vector<int64_t> q_offsets, k_offsets, v_offsets;
+
+  HeadsProblem(const EncoderBlockShape& s, const T* qkv, const BatchedRows<T>& mask) {
+    const int64_t hd = s.head_dim(), entries = s.batch * s.heads;
+    q_offsets.resize(entries);
+    k_offsets.resize(entries);
+    v_offsets.resize(entries);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const int64_t i = b * s.heads + h, base = b * s.length * 3 * s.dim + h * 3 * hd;
+        q_offsets[i] = base;
+        k_offsets[i] = base + hd;
+        v_offsets[i] = base + 2 * hd;
+      }
+    }
+    auto& p = problem;
+    p.batch = entries;
+    p.len_q = p.len_k = s.length;
+    p.dim_qk = p.dim_v = hd;
+    p.scale = T(1) / std::sqrt(static_cast<T>(hd));
+    p.query = {qkv, q_offsets.data(), 3 * s.dim};
+    p.key = {qkv, k_offsets.data(), 3 * s.dim};
+    p.value = {qkv, v_offsets.data(), 3 * s.dim};
+    p.mask = mask;
+  }
+};
+
+// [B·H, L, hd] (heads apart) ↔ [B·L, E] (heads side by side).
+template <typename T>
+void heads_to_tokens(const EncoderBlockShape& s, const T* heads, T* tokens) {
+  const int64_t hd = s.head_dim();
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t l = 0; l < s.length; ++l) {
+        const T* src = heads + ((b * s.heads + h) * s.length + l) * hd;
+        std::copy(src, src + hd, tokens + (b * s.length + l) * s.dim + h * hd);
+      }
+    }
+  }
+}
+
+template <typename T>
+void tokens_to_heads(const EncoderBlockShape& s, const T* tokens, T* heads) {
+  const int64_t hd = s.head_dim();
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t l = 0; l < s.length; ++l) {
+        const T* src = tokens + (b * s.length + l) * s.dim + h * hd;
+        std::copy(src, src + hd, heads + ((b * s.heads + h) * s.length + l) * hd);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t activations_size(const EncoderBlockShape& s) {
+  const int64_t n = s.tokens();
+  return n * (8 * s.dim + s.dim_ff + 2) + s.batch * s.heads * s.length;
+}
+
+template <typename T>
+void encoder_block_forward(const EncoderBlockShape& s, const T* x, const EncoderBlockParams<T>& p,
+                           const BatchedRows<T>& mask, T eps1, T eps2, T* output,
+                           T* activations) {
+  const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
+  const Activations<T> a(s, activations);
+  auto projected = scratch<T>(n * e);  // an output projection before its bias and residual
+  auto residual = scratch<T>(s.norm_first ? n * e : 0);
+
+  // Self-attention on x (post-norm) or LN1(x) (pre-norm).
+  const T* attn_input = x;
+  if (s.norm_first) {
+    layer_norm_rows<T>(n, e, x, nullptr, nullptr, p.norm1_weight, p.norm1_bias, eps1, nullptr,
+                       a.xhat1, a.rstd1, a.norm1_out);
+    attn_input = a.norm1_out;
+  }
+  linear(n, e, 3 * e, attn_input, p.qkv_weight, p.qkv_bias, a.qkv);
+  const HeadsProblem<T> heads(s, a.qkv, mask);
+  if (s.heads == 1) {  // [B, L, hd] is already [N, E]
+    attention_forward(heads.problem, a.attention, a.lse, static_cast<T*>(nullptr));
+  } else {
+    auto by_head = scratch<T>(n * e);
+    attention_forward(heads.problem, by_head.get(), a.lse, static_cast<T*>(nullptr));
+    heads_to_tokens(s, by_head.get(), a.attention);
+  }
+  gemm(false, true, n, e, e, T(1), a.attention, e, p.out_weight, e, T(0), projected.get(), e);
+
+  // The feed-forward input: LN1(x + attn) (post-norm) or LN2(x + attn) (pre-norm).
+  const T* ff_input;
+  if (s.norm_first) {
+    layer_norm_rows<T>(n, e, x, projected.get(), p.out_bias, p.norm2_weight, p.norm2_bias, eps2,
+                       residual.get(), a.xhat2, a.rstd2, a.norm2_out);
+    ff_input = a.norm2_out;
+  } else {
+    layer_norm_rows<T>(n, e, x, projected.get(), p.out_bias, p.norm1_weight, p.norm1_bias, eps1,
+                       nullptr, a.xhat1, a.rstd1, a.norm1_out);
+    ff_input = a.norm1_out;
+  }
+  linear(n, e, f, ff_input, p.ff1_weight, p.ff1_bias, a.relu_out);
+  relu_in_place(n * f, a.relu_out);
+  gemm(false, true, n, e, f, T(1), a.relu_out, f, p.ff2_weight, f, T(0), projected.get(), e);
+  if (s.norm_first) {
+    add_rows(n, e, residual.get(), projected.get(), p.ff2_bias, output);
+  } else {
+    layer_norm_rows<T>(n, e, a.norm1_out, projected.get(), p.ff2_bias, p.norm2_weight,
+                       p.norm2_bias, eps2, nullptr, a.xhat2, a.rstd2, output);
+  }
+}
+
+template <typename T>
+void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, const T* x,
+                            const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
+                            const T* activations, T* grad_x, const EncoderBlockGrads<T>& g) {
+  const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
+  const Activations<T> a(s, const_cast<T*>(activations));
+  auto grad_stream = scratch<T>(n * e);  // ∂L/∂(the residual stream) between the two halves
+  auto grad_relu = scratch<T>(n * f);
+  auto grad_attn = scratch<T>(n * e);
+  auto grad_qkv = scratch<T>(n * 3 * e);
+
+  // Feed-forward half.
+  const T* grad_ff_out = grad_output;  // pre-norm: y = h + ff(LN2(h))
+  if (!s.norm_first) {                  // post-norm: y = LN2(h1 + ff(h1))
+    layer_norm_backward_rows<T>(n, e, grad_output, a.xhat2, a.rstd2, p.norm2_weight,
+                                grad_stream.get(), false, g.norm2_weight, g.norm2_bias);
+    grad_ff_out = grad_stream.get();
+  }
+  linear_backward<T>(n, f, e, grad_ff_out, a.relu_out, p.ff2_weight, grad_relu.get(), false,
+                     g.ff2_weight, g.ff2_bias);
+  relu_backward_in_place(n * f, a.relu_out, grad_relu.get());
+  const T* ff_input = s.norm_first ? a.norm2_out : a.norm1_out;
+  if (s.norm_first) {
+    // ∂L/∂h = dy + LN2'ᵀ·(dff_in)
+    auto grad_ff_in = scratch<T>(n * e);
+    linear_backward<T>(n, e, f, grad_relu.get(), ff_input, p.ff1_weight, grad_ff_in.get(), false,
+                       g.ff1_weight, g.ff1_bias);
+    std::copy(grad_output, grad_output + n * e, grad_stream.get());
+    layer_norm_backward_rows<T>(n, e, grad_ff_in.get(), a.xhat2, a.rstd2, p.norm2_weight,
+                                grad_stream.get(), true, g.norm2_weight, g.norm2_bias);
+  } else {
+    // ∂L/∂h1 = dh2 + dff_in, then through LN1 to ∂L/∂(x + attn).
+    linear_backward<T>(n, e, f, grad_relu.get(), ff_input, p.ff1_weight, grad_stream.get(), true,
+                       g.ff1_weight, g.ff1_bias);
+    layer_norm_backward_rows<T>(n, e, grad_stream.get(), a.xhat1, a.rstd1, p.norm1_weight,
+                                grad_stream.get(), false, g.norm1_weight, g.norm1_bias);
+  }
+
+  // Attention half: grad_stream is now ∂L/∂(x + attn).
+  linear_backward<T>(n, e, e, grad_stream.get(), a.attention, p.out_weight, grad_attn.get(), false,
+                     g.out_weight, g.out_bias);
+  const HeadsProblem<T> heads(s, a.qkv, mask);
+  const int64_t hd = s.head_dim(), entries = s.batch * s.heads;
+  std::vector<int64_t> grad_offsets(entries);
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) grad_offsets[b * s.heads + h] = b * s.length * e + h * hd;
+  }
+  const BatchedRows<T> grad_heads{grad_attn.get(), grad_offsets.data(), e};
+  auto output_by_head = scratch<T>(s.heads == 1 ? 0 : n * e);
+  const T* output_heads = a.attention;
+  if (s.heads > 1) {
+    tokens_to_heads(s, a.attention, output_by_head.get());
+    output_heads = output_by_head.get();
+  }
+  auto grad_q = scratch<T>(n * e), grad_k = scratch<T>(n * e), grad_v = scratch<T>(n * e);
+  attention_backward(heads.problem, grad_heads, output_heads, a.lse, static_cast<const T*>(nullptr),
+                     grad_q.get(), grad_k.get(), grad_v.get(), static_cast<T*>(nullptr));
+  // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      for (int64_t l = 0; l < s.length; ++l) {
+        const int64_t src = ((b * s.heads + h) * s.length + l) * hd;
+        T* dst = grad_qkv.get() + (b * s.length + l) * 3 * e + h * 3 * hd;
+        std::copy(grad_q.get() + src, grad_q.get() + src + hd, dst);
+        std::copy(grad_k.get() + src, grad_k.get() + src + hd, dst + hd);
+        std::copy(grad_v.get() + src, grad_v.get() + src + hd, dst + 2 * hd);
+      }
+    }
+  }
+
+  if (s.norm_first) {
+    auto grad_norm1_out = scratch<T>(n * e);
+    linear_backward<T>(n, e, 3 * e, grad_qkv.get(), a.norm1_out, p.qkv_weight,
+                       grad_norm1_out.get(), false, g.qkv_weight, g.qkv_bias);
+    // dx = ∂L/∂h + LN1'ᵀ·dn1. Without dx, LN1's parameter gradients are still needed: the
+    // input gradient then goes over dn1 itself.
+    T* grad_in = grad_norm1_out.get();
+    if (grad_x) {
+      std::copy(grad_stream.get(), grad_stream.get() + n * e, grad_x);
+      grad_in = grad_x;
+    }
+    layer_norm_backward_rows<T>(n, e, grad_norm1_out.get(), a.xhat1, a.rstd1, p.norm1_weight,
+                                grad_in, grad_x != nullptr, g.norm1_weight, g.norm1_bias);
+  } else {
+    if (grad_x) std::copy(grad_stream.get(), grad_stream.get() + n * e, grad_x);
+    linear_backward<T>(n, e, 3 * e, grad_qkv.get(), x, p.qkv_weight, grad_x, true, g.qkv_weight,
+                       g.qkv_bias);
+  }
+}
+
+template void encoder_block_forward<float>(const EncoderBlockShape&, const float*,
+                                           const EncoderBlockParams<float>&,
+                                           const BatchedRows<float>&, float, float, float*,
+                                           float*);
+template void encoder_block_forward<double>(const EncoderBlockShape&, const double*,
+                                            const EncoderBlockParams<double>&,
+                                            const BatchedRows<double>&, double, double, double*,
+                                            double*);
+template void encoder_block_backward<float>(const EncoderBlockShape&, const float*, const float*,
+                                            const EncoderBlockParams<float>&,
+                                            const BatchedRows<float>&, const float*, float*,
+                                            const EncoderBlockGrads<float>&);
+template void encoder_block_backward<double>(const EncoderBlockShape&, const double*,
+                                             const double*, const EncoderBlockParams<double>&,
+                                             const BatchedRows<double>&, const double*, double*,
+                                             const EncoderBlockGrads<double>&);
+
+}  // namespace attnlab::cpu

@@ -1,9 +1,13 @@
 #include "cpu/encoder_block_kernel.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <memory>
+#include <numeric>
 #include <vector>
+
+#include <ATen/Parallel.h>
 
 #include "cpu/blas.h"
 #include "cpu/isa.h"
@@ -154,6 +158,18 @@ struct Activations {
     rstd2 = rstd1 + n;
     lse = rstd2 + n;
   }
+  // The same views moved to the rows of batch entries from b0 on.
+  Activations from_batch(const EncoderBlockShape& s, int64_t b0) const {
+    Activations a = *this;
+    const int64_t r0 = b0 * s.length, e = s.dim;
+    a.qkv += r0 * 3 * e;
+    for (T** view : {&a.attention, &a.xhat1, &a.norm1_out, &a.xhat2, &a.norm2_out}) *view += r0 * e;
+    a.relu_out += r0 * s.dim_ff;
+    a.rstd1 += r0;
+    a.rstd2 += r0;
+    a.lse += b0 * s.heads * s.length;
+    return a;
+  }
 };
 
 // Attention over the heads of a [N, 3E] qkv buffer laid out per head as [q_h | k_h | v_h]: each
@@ -215,19 +231,13 @@ void tokens_to_heads(const EncoderBlockShape& s, const T* tokens, T* heads) {
   }
 }
 
-}  // namespace
-
-int64_t activations_size(const EncoderBlockShape& s) {
-  const int64_t n = s.tokens();
-  return n * (8 * s.dim + s.dim_ff + 2) + s.batch * s.heads * s.length;
-}
-
+// The block on the batch entries of s, which share one thread and run their GEMMs
+// sequentially.
 template <typename T>
-void encoder_block_forward(const EncoderBlockShape& s, const T* x, const EncoderBlockParams<T>& p,
-                           const BatchedRows<T>& mask, T eps1, T eps2, T* output,
-                           T* activations) {
+void forward_chunk(const EncoderBlockShape& s, const T* x, const EncoderBlockParams<T>& p,
+                   const BatchedRows<T>& mask, T eps1, T eps2, T* output,
+                   const Activations<T>& a) {
   const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
-  const Activations<T> a(s, activations);
   auto projected = scratch<T>(n * e);  // an output projection before its bias and residual
   auto residual = scratch<T>(s.norm_first ? n * e : 0);
 
@@ -272,11 +282,10 @@ void encoder_block_forward(const EncoderBlockShape& s, const T* x, const Encoder
 }
 
 template <typename T>
-void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, const T* x,
-                            const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
-                            const T* activations, T* grad_x, const EncoderBlockGrads<T>& g) {
+void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x,
+                    const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
+                    const Activations<T>& a, T* grad_x, const EncoderBlockGrads<T>& g) {
   const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
-  const Activations<T> a(s, const_cast<T*>(activations));
   auto grad_stream = scratch<T>(n * e);  // ∂L/∂(the residual stream) between the two halves
   auto grad_relu = scratch<T>(n * f);
   auto grad_attn = scratch<T>(n * e);
@@ -358,6 +367,100 @@ void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, co
     if (grad_x) std::copy(grad_stream.get(), grad_stream.get() + n * e, grad_x);
     linear_backward<T>(n, e, 3 * e, grad_qkv.get(), x, p.qkv_weight, grad_x, true, g.qkv_weight,
                        g.qkv_bias);
+  }
+}
+
+// Element counts of the twelve parameters, in EncoderBlockParams' order.
+std::array<int64_t, 12> param_sizes(const EncoderBlockShape& s) {
+  const int64_t e = s.dim, f = s.dim_ff;
+  return {3 * e * e, 3 * e, e * e, e, e, e, f * e, f, e * f, e, e, e};
+}
+
+template <typename T>
+std::array<T*, 12> views_of(const EncoderBlockGrads<T>& g) {
+  return {g.qkv_weight, g.qkv_bias, g.out_weight, g.out_bias, g.norm1_weight, g.norm1_bias,
+          g.ff1_weight, g.ff1_bias, g.ff2_weight, g.ff2_bias, g.norm2_weight, g.norm2_bias};
+}
+
+// The parameters' gradients laid out one after another in buf.
+template <typename T>
+EncoderBlockGrads<T> grads_in(const EncoderBlockShape& s, T* buf) {
+  std::array<T*, 12> v;
+  const auto sizes = param_sizes(s);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = buf;
+    buf += sizes[i];
+  }
+  return {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+}
+
+// Batch entries split into one chunk per thread: each runs the whole block on its rows with
+// sequential BLAS, so two cores cost one fork/join per pass instead of one per GEMM.
+int64_t chunk_count(const EncoderBlockShape& s) {
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), s.batch));
+}
+
+template <typename T>
+BatchedRows<T> mask_from_batch(const EncoderBlockShape& s, const BatchedRows<T>& mask,
+                               int64_t b0) {
+  BatchedRows<T> m = mask;
+  if (m.data) m.offset += b0 * s.heads;
+  return m;
+}
+
+}  // namespace
+
+int64_t activations_size(const EncoderBlockShape& s) {
+  const int64_t n = s.tokens();
+  return n * (8 * s.dim + s.dim_ff + 2) + s.batch * s.heads * s.length;
+}
+
+template <typename T>
+void encoder_block_forward(const EncoderBlockShape& s, const T* x, const EncoderBlockParams<T>& p,
+                           const BatchedRows<T>& mask, T eps1, T eps2, T* output,
+                           T* activations) {
+  const Activations<T> all(s, activations);
+  const int64_t chunks = chunk_count(s), row = s.length * s.dim;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    SequentialBlasScope sequential_blas;
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t b0 = c * s.batch / chunks, b1 = (c + 1) * s.batch / chunks;
+      EncoderBlockShape part = s;
+      part.batch = b1 - b0;
+      forward_chunk(part, x + b0 * row, p, mask_from_batch(s, mask, b0), eps1, eps2,
+                    output + b0 * row, all.from_batch(s, b0));
+    }
+  });
+}
+
+template <typename T>
+void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, const T* x,
+                            const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
+                            const T* activations, T* grad_x, const EncoderBlockGrads<T>& grads) {
+  const Activations<T> all(s, const_cast<T*>(activations));
+  const int64_t chunks = chunk_count(s), row = s.length * s.dim;
+  const auto sizes = param_sizes(s);
+  const int64_t params = std::accumulate(sizes.begin(), sizes.end(), int64_t(0));
+  // Chunk 0 writes the parameters' gradients in place, the others into partial sums.
+  auto partials = scratch<T>((chunks - 1) * params);
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    SequentialBlasScope sequential_blas;
+    for (int64_t c = begin; c < end; ++c) {
+      const int64_t b0 = c * s.batch / chunks, b1 = (c + 1) * s.batch / chunks;
+      EncoderBlockShape part = s;
+      part.batch = b1 - b0;
+      backward_chunk(part, grad_output + b0 * row, x + b0 * row, p, mask_from_batch(s, mask, b0),
+                     all.from_batch(s, b0), grad_x ? grad_x + b0 * row : nullptr,
+                     c == 0 ? grads : grads_in(s, partials.get() + (c - 1) * params));
+    }
+  });
+  // The parameters' gradients sum over the chunks.
+  const auto totals = views_of(grads);
+  for (int64_t c = 1; c < chunks; ++c) {
+    const auto part = views_of(grads_in(s, partials.get() + (c - 1) * params));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      for (int64_t j = 0; j < sizes[i]; ++j) totals[i][j] += part[i][j];
+    }
   }
 }
 

@@ -10,6 +10,9 @@ BuildInfo build_info() {
   info.cuda = true;
 #endif
   info.cuda_archs = ATTNLAB_CUDA_ARCHS;
+#ifdef _OPENMP
+  info.openmp = true;
+#endif
   return info;
 }
 

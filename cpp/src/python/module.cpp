@@ -23,6 +23,7 @@ PYBIND11_MODULE(_C, m) {
       start = comma + 1;
     }
     d["cuda_archs"] = archs;
+    d["openmp"] = info.openmp;
     return d;
   });
 }

@@ -297,6 +297,35 @@ def test_half_precision_weights_no_worse_than_plain_softmax(dtype, is_causal):
     assert_no_worse_than_torch(output, plain_weights @ gv, ref_output, "output")
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("mask_shape", [(2, 4, 37, 45), (37, 45), (4, 1, 45)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_half_precision_float_mask_gradient_no_worse_than_plain_ops(dtype, mask_shape, is_causal):
+    # The learnable mask's gradient (float32 here) against plain torch ops in the same precision.
+    gen = torch.Generator().manual_seed(len(mask_shape) + 10 * is_causal)
+    q, k, v = _half_inputs((2, 4, 37, 40), (2, 4, 45, 40), 40, dtype, seed=len(mask_shape))
+    mask = torch.randn(*mask_shape, generator=gen).to(dtype).double()
+    allowed = torch.ones(37, 45, dtype=torch.bool).tril()
+    ref_mask = mask.clone().requires_grad_()
+    ref_output, _ = reference.attention(q, k, v, ref_mask, is_causal)
+    grad_output = torch.randn(ref_output.shape, generator=gen).to(dtype)
+    (ref_grad,) = torch.autograd.grad(ref_output, ref_mask, grad_output.double())
+
+    ours = on_cuda(mask, dtype=torch.float32).requires_grad_()
+    output, _ = attnlab.scaled_dot_product_attention(*(on_cuda(t, dtype=dtype) for t in (q, k, v)),
+                                                     ours, is_causal)
+    (grad,) = torch.autograd.grad(output, ours, grad_output.cuda())
+    plain_mask = on_cuda(mask, dtype=dtype).requires_grad_()
+    gq, gk, gv = (on_cuda(t, dtype=dtype) for t in (q, k, v))
+    scores = gq @ gk.transpose(-2, -1) / math.sqrt(40) + plain_mask
+    if is_causal:
+        scores = scores.masked_fill(~allowed.cuda(), float("-inf"))
+    (plain_grad,) = torch.autograd.grad(scores.softmax(-1) @ gv, plain_mask, grad_output.cuda())
+    assert grad.shape == mask.shape and grad.dtype == torch.float32
+    assert_no_worse_than_torch(grad, plain_grad, ref_grad, "grad of the mask")
+
+
 # ---- operator contract on CUDA --------------------------------------------------------------
 
 
@@ -485,23 +514,22 @@ def test_minus_inf_mask_hides_a_nonfinite_score(mask_kind, bad):
                                             ("key", (1, 0, 0), -math.inf)])
 def test_nonfinite_inputs_propagate_like_the_cpu(dtype, mask_kind, name, index, bad):
     # float16 at D = 64 without a mask runs the tensor-core forward. Non-finite outputs: exactly
-    # where the float64 CPU operator has them for a bad query or key; for a bad value, in every
-    # row that gives it a positive weight and in no row the CPU keeps finite.
+    # where the float64 reference has them for a bad query or key; for a bad value, in every
+    # row that gives it a positive weight and in no row the reference keeps finite.
     gen = torch.Generator().manual_seed(11)
     inputs = {n: torch.randn(3, length, 64, generator=gen).to(dtype).double()
               for n, length in (("query", 6), ("key", 7), ("value", 7))}
     inputs[name][index] = bad
     mask = torch.rand(6, 7, generator=gen) > 0.4 if mask_kind == "bool" else None
     is_causal = mask_kind == "causal"
-    cpu_output, cpu_weights = attnlab.scaled_dot_product_attention(
-        **inputs, attn_mask=mask, is_causal=is_causal, need_weights=True)
+    ref_output, ref_weights = reference.attention(**inputs, attn_mask=mask, is_causal=is_causal)
     output, _ = attnlab.scaled_dot_product_attention(
         **{n: on_cuda(t, dtype=dtype) for n, t in inputs.items()},
         attn_mask=None if mask is None else mask.cuda(), is_causal=is_causal)
-    ours, theirs = ~torch.isfinite(output.cpu()), ~torch.isfinite(cpu_output)
+    ours, theirs = ~torch.isfinite(output.cpu()), ~torch.isfinite(ref_output)
     assert not (ours & ~theirs).any()
     if name == "value":
-        sees = cpu_weights[index[0], :, index[1]] > 0
+        sees = ref_weights[index[0], :, index[1]] > 0
         assert ours[index[0], sees, index[2]].all()
     else:
         assert torch.equal(ours, theirs)

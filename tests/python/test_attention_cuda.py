@@ -542,9 +542,9 @@ def _free_gpu_bytes():
     return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
 
 
-@requires_gpu
 @pytest.mark.skipif(_free_gpu_bytes() < 48 * 2**30,
                     reason="needs 48 GiB of free GPU memory for tensors of more than 2^31 elements")
+@requires_gpu  # the reason shown first
 def test_more_than_two_to_the_31_elements_and_millions_of_blocks():
     # [2^21 + 7, 16, 64] float16: element offsets past 2^31 and 2 million blocks per launch
     # (gridDim.y/z would allow 65535). The last entries are checked against the reference.

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 # The CUDA toolkit's bin/ is often not on PATH.
-sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
+default_sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+sanitizer=${COMPUTE_SANITIZER:-$default_sanitizer}
 # small_problems covers every kernel: generic (all head-size families) and tensor-core.
 subset=(tests/python/test_attention_cuda.py -p no:cacheprovider
         -k "small_problems or fully_masked or many_batch_dimensions")

@@ -512,7 +512,7 @@ def test_minus_inf_mask_hides_a_nonfinite_score(mask_kind, bad):
                                             ("value", (1, 4, 2), math.nan),
                                             ("query", (0, 1, 3), math.inf),
                                             ("key", (1, 0, 0), -math.inf)])
-def test_nonfinite_inputs_propagate_like_the_cpu(dtype, mask_kind, name, index, bad):
+def test_nonfinite_inputs_propagate_like_the_reference(dtype, mask_kind, name, index, bad):
     # float16 at D = 64 without a mask runs the tensor-core forward. Non-finite outputs: exactly
     # where the float64 reference has them for a bad query or key; for a bad value, in every
     # row that gives it a positive weight and in no row the reference keeps finite.

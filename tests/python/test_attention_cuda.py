@@ -130,13 +130,14 @@ def test_float32_random_case_gradients_match_reference(seed, need_weights):
 @pytest.mark.parametrize("dim,dim_v", [(1, 1), (31, 33), (64, 64), (65, 7), (128, 128),
                                        (129, 200), (256, 256)])
 @pytest.mark.parametrize("is_causal", [False, True])
-def test_float32_every_head_size_family_across_tiles(dim, dim_v, is_causal):
-    # Lengths that are not multiples of any tile size; L_q ≠ L_k with top-left causal.
+@pytest.mark.parametrize("len_q,len_k", [(77, 101), (101, 77)])
+def test_float32_every_head_size_family_across_tiles(dim, dim_v, is_causal, len_q, len_k):
+    # Lengths that are not multiples of any tile size; L_q ≠ L_k both ways with top-left causal.
     gen = torch.Generator().manual_seed(dim * 1000 + dim_v)
-    q = torch.randn(2, 3, 77, dim, generator=gen)
-    k = torch.randn(2, 3, 101, dim, generator=gen)
-    v = torch.randn(2, 3, 101, dim_v, generator=gen)
-    mask = torch.rand(77, 101, generator=gen) > 0.2
+    q = torch.randn(2, 3, len_q, dim, generator=gen)
+    k = torch.randn(2, 3, len_k, dim, generator=gen)
+    v = torch.randn(2, 3, len_k, dim_v, generator=gen)
+    mask = torch.rand(len_q, len_k, generator=gen) > 0.2
     inputs = [on_cuda(t).requires_grad_() for t in (q, k, v)]
     output, weights = attnlab.scaled_dot_product_attention(*inputs, mask.cuda(), is_causal,
                                                            need_weights=True)
@@ -173,12 +174,15 @@ def test_float32_float_mask_gradient(mask_shape, is_causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, *HALF_DTYPES])
-def test_fully_masked_rows_give_zeros_and_zero_gradients(dtype):
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_fully_masked_rows_give_zeros_and_zero_gradients(dtype, mask_kind):
     q, k, v = (torch.randn(2, n, 8, device="cuda", dtype=dtype, requires_grad=True)
                for n in (4, 5, 5))
     mask = torch.ones(2, 4, 5, dtype=torch.bool, device="cuda")
     mask[0, 1] = False
     mask[1] = False
+    if mask_kind == "float":
+        mask = torch.zeros(2, 4, 5, device="cuda").masked_fill(~mask, float("-inf"))
     output, weights = attnlab.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
     assert torch.equal(output[0, 1], torch.zeros_like(output[0, 1]))
     assert torch.equal(output[1], torch.zeros_like(output[1]))
@@ -227,6 +231,7 @@ HALF_SHAPES = [  # (batch, len_q, len_k, dim, dim_v)
     ((2,), 65, 190, 80, 80),
     ((2,), 33, 70, 256, 256),
     ((4,), 50, 50, 16, 16),
+    ((3,), 45, 61, 7, 9),
 ]
 
 
@@ -292,6 +297,35 @@ def test_half_precision_weights_no_worse_than_plain_softmax(dtype, is_causal):
     assert_no_worse_than_torch(output, plain_weights @ gv, ref_output, "output")
 
 
+@requires_gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("mask_shape", [(2, 4, 37, 45), (37, 45), (4, 1, 45)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_half_precision_float_mask_gradient_no_worse_than_plain_ops(dtype, mask_shape, is_causal):
+    # The learnable mask's gradient (float32 here) against plain torch ops in the same precision.
+    gen = torch.Generator().manual_seed(len(mask_shape) + 10 * is_causal)
+    q, k, v = _half_inputs((2, 4, 37, 40), (2, 4, 45, 40), 40, dtype, seed=len(mask_shape))
+    mask = torch.randn(*mask_shape, generator=gen).to(dtype).double()
+    allowed = torch.ones(37, 45, dtype=torch.bool).tril()
+    ref_mask = mask.clone().requires_grad_()
+    ref_output, _ = reference.attention(q, k, v, ref_mask, is_causal)
+    grad_output = torch.randn(ref_output.shape, generator=gen).to(dtype)
+    (ref_grad,) = torch.autograd.grad(ref_output, ref_mask, grad_output.double())
+
+    ours = on_cuda(mask, dtype=torch.float32).requires_grad_()
+    output, _ = attnlab.scaled_dot_product_attention(*(on_cuda(t, dtype=dtype) for t in (q, k, v)),
+                                                     ours, is_causal)
+    (grad,) = torch.autograd.grad(output, ours, grad_output.cuda())
+    plain_mask = on_cuda(mask, dtype=dtype).requires_grad_()
+    gq, gk, gv = (on_cuda(t, dtype=dtype) for t in (q, k, v))
+    scores = gq @ gk.transpose(-2, -1) / math.sqrt(40) + plain_mask
+    if is_causal:
+        scores = scores.masked_fill(~allowed.cuda(), float("-inf"))
+    (plain_grad,) = torch.autograd.grad(scores.softmax(-1) @ gv, plain_mask, grad_output.cuda())
+    assert grad.shape == mask.shape and grad.dtype == torch.float32
+    assert_no_worse_than_torch(grad, plain_grad, ref_grad, "grad of the mask")
+
+
 # ---- operator contract on CUDA --------------------------------------------------------------
 
 
@@ -339,6 +373,11 @@ def test_bad_inputs_on_cuda():
         attnlab.scaled_dot_product_attention(wide, wide, q)
     with pytest.raises(RuntimeError, match=r"attn_mask is on cpu but query is on cuda"):
         attnlab.scaled_dot_product_attention(q, q, q, torch.ones(4, 4, dtype=torch.bool))
+    half = q.half()
+    output, lse, _ = torch.ops.attnlab._sdpa_forward(half, half, half, None, False, None, False)
+    with pytest.raises(RuntimeError, match=r"output has dtype Float, expected the inputs' Half"):
+        torch.ops.attnlab._sdpa_backward(output.float(), half, half, half, None, False, None,
+                                         output.float(), lse)
 
 
 @requires_gpu
@@ -413,3 +452,125 @@ def test_small_problems_every_kernel(dtype, dim):
     torch.cuda.synchronize()
     for t in (output, weights, output_bool, q.grad, k.grad, v.grad, mask.grad):
         assert torch.isfinite(t).all()
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("layout", ["contiguous", "heads_last", "sliced", "column_major"])
+def test_small_problems_tensor_core_path(dtype, dim, is_causal, layout):
+    # Half precision at D = 64/128 without a mask takes the tensor-core forward when rows are
+    # contiguous and 16-byte aligned (contiguous, heads_last), the generic one otherwise; lengths
+    # cut the 64-row tiles, both ways round for the causal mask. Small enough for the sanitizers.
+    for len_q, len_k in [(70, 130), (130, 70)]:
+        q, k, v = _half_inputs((2, 3, len_q, dim), (2, 3, len_k, dim), dim, dtype,
+                               seed=len_q + dim)
+        ref_output, _ = reference.attention(q, k, v, is_causal=is_causal)
+        ours = [on_cuda(t, layout, dtype) for t in (q, k, v)]
+        output, _ = attnlab.scaled_dot_product_attention(*ours, is_causal=is_causal)
+        # The causal mask spelled out: top-left whichever backend torch picks.
+        allowed = torch.ones(len_q, len_k, dtype=torch.bool, device="cuda").tril()
+        torch_output = torch.nn.functional.scaled_dot_product_attention(
+            *(on_cuda(t, dtype=dtype) for t in (q, k, v)), attn_mask=allowed if is_causal else None)
+        assert output.dtype == dtype and output.shape == ref_output.shape
+        assert_no_worse_than_torch(output, torch_output, ref_output, f"output {len_q}x{len_k}")
+
+
+# ---- non-finite values, as on the CPU (tests/python/test_numerical_edge_cases.py) ------------
+
+
+@requires_gpu
+@pytest.mark.parametrize("mask_kind", ["float", "bool"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_minus_inf_mask_hides_a_nonfinite_score(mask_kind, bad):
+    # Rows 0-3 of batch entry 0 cannot see key 3, whose scores are NaN or ±inf: they stay finite,
+    # and every row matches the float64 CPU operator (checked there against the reference).
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, n, 40, generator=gen) for n in (6, 7, 7))
+    k[0, 3, 0] = bad
+    allowed = torch.ones(6, 7, dtype=torch.bool)
+    allowed[:4, 3] = False
+    mask = allowed if mask_kind == "bool" else torch.zeros(6, 7).masked_fill(~allowed, -math.inf)
+    output, weights = attnlab.scaled_dot_product_attention(
+        *(on_cuda(t) for t in (q, k, v)), mask.cuda(), need_weights=True)
+    cpu_output, cpu_weights = attnlab.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), mask if mask_kind == "bool" else mask.double(),
+        need_weights=True)
+    assert torch.isfinite(output[0, :4]).all() and torch.isfinite(weights[0, :4]).all()
+    for ours, cpu, what in ((output, cpu_output, "output"), (weights, cpu_weights, "weights")):
+        finite = torch.isfinite(cpu)
+        assert torch.equal(torch.isfinite(ours.cpu()), finite), what
+        assert_float32_close(ours.cpu()[finite], cpu[finite], what)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "causal"])
+@pytest.mark.parametrize("name,index,bad", [("query", (1, 2, 0), math.nan),
+                                            ("key", (0, 3, 5), math.nan),
+                                            ("value", (1, 4, 2), math.nan),
+                                            ("query", (0, 1, 3), math.inf),
+                                            ("key", (1, 0, 0), -math.inf)])
+def test_nonfinite_inputs_propagate_like_the_reference(dtype, mask_kind, name, index, bad):
+    # float16 at D = 64 without a mask runs the tensor-core forward. Non-finite outputs: exactly
+    # where the float64 reference has them for a bad query or key; for a bad value, in every
+    # row that gives it a positive weight and in no row the reference keeps finite.
+    gen = torch.Generator().manual_seed(11)
+    inputs = {n: torch.randn(3, length, 64, generator=gen).to(dtype).double()
+              for n, length in (("query", 6), ("key", 7), ("value", 7))}
+    inputs[name][index] = bad
+    mask = torch.rand(6, 7, generator=gen) > 0.4 if mask_kind == "bool" else None
+    is_causal = mask_kind == "causal"
+    ref_output, ref_weights = reference.attention(**inputs, attn_mask=mask, is_causal=is_causal)
+    output, _ = attnlab.scaled_dot_product_attention(
+        **{n: on_cuda(t, dtype=dtype) for n, t in inputs.items()},
+        attn_mask=None if mask is None else mask.cuda(), is_causal=is_causal)
+    ours, theirs = ~torch.isfinite(output.cpu()), ~torch.isfinite(ref_output)
+    assert not (ours & ~theirs).any()
+    if name == "value":
+        sees = ref_weights[index[0], :, index[1]] > 0
+        assert ours[index[0], sees, index[2]].all()
+    else:
+        assert torch.equal(ours, theirs)
+
+
+# ---- sizes past 32-bit offsets and 16-bit grid dimensions ----------------------------------
+
+
+def _free_gpu_bytes():
+    return torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_free_gpu_bytes() < 48 * 2**30,
+                    reason="needs 48 GiB of free GPU memory for tensors of more than 2^31 elements")
+@requires_gpu  # the reason shown first
+def test_more_than_two_to_the_31_elements_and_millions_of_blocks():
+    # [2^21 + 7, 16, 64] float16: element offsets past 2^31 and 2 million blocks per launch
+    # (gridDim.y/z would allow 65535). The last entries are checked against the reference.
+    batch, length, dim = 2**21 + 7, 16, 64
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, length, dim, generator=gen, device="cuda",
+                           dtype=torch.float16).requires_grad_() for _ in range(3))
+    assert q.numel() > 2**31
+    output, _ = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True)  # tensor cores
+    output.backward(torch.ones_like(output))
+    with torch.no_grad():  # the generic forward, which need_weights selects
+        generic_output, weights = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                       need_weights=True)
+    assert torch.isfinite(output).all() and torch.isfinite(generic_output).all()
+
+    tail = [t[-3:].detach().double().cpu().requires_grad_() for t in (q, k, v)]
+    ref_output, ref_weights = reference.attention(*tail, is_causal=True)
+    ref_output.backward(torch.ones_like(ref_output))
+    torch_tail = [t[-3:].detach().clone().requires_grad_() for t in (q, k, v)]
+    allowed = torch.ones(length, length, dtype=torch.bool, device="cuda").tril()
+    torch_output = torch.nn.functional.scaled_dot_product_attention(*torch_tail, attn_mask=allowed)
+    torch_output.backward(torch.ones_like(torch_output))
+    torch_weights = (torch_tail[0] @ torch_tail[1].transpose(-2, -1) / math.sqrt(dim)).masked_fill(
+        ~allowed, -math.inf).softmax(-1)
+    assert_no_worse_than_torch(output[-3:], torch_output, ref_output, "output")
+    assert_no_worse_than_torch(generic_output[-3:], torch_output, ref_output, "generic output")
+    assert_no_worse_than_torch(weights[-3:], torch_weights, ref_weights, "weights")
+    for name, ours, theirs, ref in zip("qkv", (q, k, v), torch_tail, tail):
+        assert_no_worse_than_torch(ours.grad[-3:], theirs.grad, ref.grad, f"grad of {name}")

@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -122,6 +124,12 @@ SdpaProblem make_problem(BatchIndexer& batch, const Tensor& query, const Tensor&
 // kernels.
 bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
   if (dtype == at::kFloat || need_weights || p.mask.data != nullptr) return false;
+  // WMMA in bfloat16 needs sm_80 (the kernel traps if built for an older GPU). Asked of the
+  // CUDA runtime: at::cuda's device properties would make libattnlab need libtorch_cuda.
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                        c10::cuda::current_device()));
+  if (major < 8) return false;
   if (p.dim_qk != p.dim_v || (p.dim_qk != 64 && p.dim_qk != 128)) return false;
   constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
   for (const MatrixOperand* op : {&p.query, &p.key, &p.value}) {
@@ -195,6 +203,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   TORCH_CHECK(output.device() == query.device(),
               "attnlab.scaled_dot_product_attention backward: output is on ", output.device(),
               " but query is on ", query.device());
+  // The kernels read output as the inputs' type (the CPU path fails in data_ptr<T> instead).
+  TORCH_CHECK(output.scalar_type() == query.scalar_type(),
+              "attnlab.scaled_dot_product_attention backward: output has dtype ",
+              output.scalar_type(), ", expected the inputs' ", query.scalar_type());
   check_head_sizes(query, value);
   const c10::cuda::CUDAGuard device_guard(query.device());
   const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();

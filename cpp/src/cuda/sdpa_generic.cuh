@@ -29,6 +29,14 @@ struct GenericTiles {
   // Tiles read down a column by the 32 lanes get one float of padding per row, so that the
   // lanes hit 32 different banks.
   static constexpr int kPadded = kHead + 1;
+  // Dynamic shared memory: the forward stages Q [kRows][kHead], K [kCols][kPadded] and
+  // V [kCols][kHead]; each backward kernel two [kRows][kHead] and two [kCols][kPadded] tiles.
+  // Above 48 KiB (D = 128 backward, D = 256) launch() opts in; sm_80 allows 163 KiB per block.
+  static constexpr size_t kForwardSharedBytes =
+      sizeof(float) * (kRows * kHead + kCols * kPadded + kCols * kHead);
+  static constexpr size_t kBackwardSharedBytes =
+      sizeof(float) * 2 * (kRows * kHead + kCols * kPadded);
+  static_assert(kForwardSharedBytes <= 163 * 1024 && kBackwardSharedBytes <= 163 * 1024);
 };
 
 // The mask of one batch entry as an additive value; base == nullptr for no mask.
@@ -59,9 +67,11 @@ struct MaskView {
 __device__ __forceinline__ float masked_score(float dot_qk, const SdpaProblem& p,
                                               const MaskView& mask, int64_t i, int64_t j) {
   if (i >= p.len_q || j >= p.len_k || (p.causal && j > i)) return kNegInf;
-  float s = dot_qk * p.scale;
-  if (mask.base != nullptr) s += mask.at(i, j);
-  return s;
+  if (mask.base == nullptr) return dot_qk * p.scale;
+  // A −inf mask entry hides the key whatever its score, as on the CPU: a NaN or inf score
+  // plus −inf would be NaN and poison the whole row.
+  const float m = mask.at(i, j);
+  return m == kNegInf ? kNegInf : dot_qk * p.scale + m;
 }
 
 // exp(s − lse): the normalized probability; 0 for invisible pairs and for queries with every
@@ -386,11 +396,9 @@ template <typename T, int kHead>
 void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
                   cudaStream_t stream) {
   using Tiles = detail::GenericTiles<kHead>;
-  const size_t smem = sizeof(float) * (Tiles::kRows * kHead + Tiles::kCols * Tiles::kPadded +
-                                       Tiles::kCols * kHead);
   detail::launch(detail::sdpa_forward_kernel<T, kHead>,
-                 p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads, smem, stream,
-                 p, output, logsumexp, weights);
+                 p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads,
+                 Tiles::kForwardSharedBytes, stream, p, output, logsumexp, weights);
 }
 
 template <typename T, int kHead>
@@ -402,7 +410,7 @@ void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, const
   detail::launch(detail::softmax_delta_kernel<T>,
                  detail::ceil_div(p.batch * p.len_q, kDeltaRowsPerBlock), kDeltaRowsPerBlock * 32,
                  0, stream, p, grad_output, output, delta);
-  const size_t smem = sizeof(float) * 2 * (Tiles::kRows * kHead + Tiles::kCols * Tiles::kPadded);
+  constexpr size_t smem = Tiles::kBackwardSharedBytes;
   detail::launch(detail::sdpa_grad_query_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads, smem, stream,
                  p, grad_output, logsumexp, static_cast<const float*>(delta), grad_query,

@@ -37,6 +37,16 @@ struct TensorCoreTiles {
   static constexpr size_t kScratchBytes = sizeof(float) * kFrag * kScratchLd;
   static constexpr size_t kProbBytes = sizeof(T) * kFrag * kProbLd;
   static constexpr size_t kSharedBytes = 3 * kTileBytes + kWarps * (kScratchBytes + kProbBytes);
+
+  // WMMA needs ldm a multiple of 16 bytes and fragment pointers on 32 bytes: every region and
+  // every 16-row block of a tile starts on 32 bytes, and column offsets are multiples of 16
+  // elements (32 bytes of T, 64 of float).
+  static_assert(kTileLd % 8 == 0 && kProbLd % 8 == 0 && kScratchLd % 4 == 0);
+  static_assert(kTileBytes % 32 == 0 && kScratchBytes % 32 == 0 && kProbBytes % 32 == 0);
+  static_assert(sizeof(T) * kFrag * kTileLd % 32 == 0 && sizeof(T) * kFrag * kProbLd % 32 == 0);
+  // 53 KiB at D = 64, 93 KiB at D = 128: above the default 48 KiB (launch() opts in), within
+  // sm_80's 163 KiB.
+  static_assert(kSharedBytes <= 163 * 1024);
 };
 
 // Rows [row0, row0 + 64) of a [len, kHead] matrix with unit column stride into tile, 16 bytes
@@ -60,6 +70,10 @@ __device__ void load_rows_vectorized(T* tile, const T* base, int64_t row_stride,
 template <typename T, int kHead>
 __global__ void __launch_bounds__(TensorCoreTiles<T, kHead>::kThreads)
     sdpa_forward_tensor_core_kernel(SdpaProblem p, T* output, float* logsumexp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // bfloat16 WMMA needs sm_80; ops.cpp launches this kernel only on sm_80 and later.
+  __trap();
+#else
   namespace wmma = nvcuda::wmma;
   using Tiles = TensorCoreTiles<T, kHead>;
   constexpr int F = Tiles::kFrag;
@@ -174,6 +188,7 @@ __global__ void __launch_bounds__(TensorCoreTiles<T, kHead>::kThreads)
   if (half == 0) {
     logsumexp[b * p.len_q + i] = none_visible ? kNegInf : row_max + logf(row_sum);
   }
+#endif
 }
 
 }  // namespace attnlab::cuda::detail

@@ -25,16 +25,18 @@ def runner(fn, q, k, v, is_causal, backward):
     return run_backward
 
 
-def compare(fns, min_run_time=0.5, rounds=5):
+def compare(fns, min_run_time=0.5, rounds=5, num_threads=None):
     """Median seconds of each function, measured in alternating rounds so that a slow spell of
-    the machine hits all of them alike."""
+    the machine hits all of them alike, on num_threads intra-op threads (default: torch's
+    current number; torch.utils.benchmark.Timer would otherwise use one)."""
+    num_threads = num_threads or torch.get_num_threads()
     for fn in fns:
         for _ in range(3):
             fn()
     samples = [[] for _ in fns]
     for _ in range(rounds):
         for fn, times in zip(fns, samples):
-            timer = Timer(stmt="fn()", globals={"fn": fn})
+            timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=num_threads)
             times.append(timer.blocked_autorange(min_run_time=min_run_time / rounds).median)
     return [statistics.median(times) for times in samples]
 

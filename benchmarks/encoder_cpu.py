@@ -42,23 +42,28 @@ class PlainEncoderBlock(nn.Module):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, nargs="+",
+                        default=sorted({1, torch.get_num_threads()}),
+                        help="intra-op thread counts to measure (default: 1 and all)")
     args = parser.parse_args()
     print(f"Machine: {machine_description()}\n")
     rows = []
-    for B, L, d, H, d_ff in SHAPES:
-        torch.manual_seed(0)
-        x = torch.randn(B, L, d, requires_grad=True)
-        grad = torch.randn(B, L, d)
-        ours, plain = EncoderBlock(d, H, d_ff), PlainEncoderBlock(d, H, d_ff)
+    for threads in args.threads:
+        for B, L, d, H, d_ff in SHAPES:
+            torch.manual_seed(0)
+            x = torch.randn(B, L, d, requires_grad=True)
+            grad = torch.randn(B, L, d)
+            ours, plain = EncoderBlock(d, H, d_ff), PlainEncoderBlock(d, H, d_ff)
 
-        def run(block):
-            return lambda: block(x).backward(grad)
-        t_ours, t_plain = compare([run(ours), run(plain)], args.min_run_time)
-        rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", f"{t_ours * 1e3:.3f}",
-                     f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}"])
+            def run(block):
+                return lambda: block(x).backward(grad)
+            t_ours, t_plain = compare([run(ours), run(plain)], args.min_run_time,
+                                      num_threads=threads)
+            rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", threads, f"{t_ours * 1e3:.3f}",
+                         f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}"])
     print("One encoder layer, forward+backward, float32 (ms, median)\n")
-    print(markdown_table(["(B, L, d, H, d_ff)", "attnlab EncoderBlock", "plain torch ops",
-                          "ratio"], rows))
+    print(markdown_table(["(B, L, d, H, d_ff)", "threads", "attnlab EncoderBlock",
+                          "plain torch ops", "ratio"], rows))
 
 
 if __name__ == "__main__":

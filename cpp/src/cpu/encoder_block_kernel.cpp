@@ -20,6 +20,39 @@ std::unique_ptr<T[]> scratch(int64_t n) {
   return std::make_unique_for_overwrite<T[]>(static_cast<size_t>(n));
 }
 
+constexpr int64_t kKeptScratchBytes = int64_t(64) << 20;
+
+// Scratch memory for one chunk, carved from a block that each thread keeps between calls (up
+// to kKeptScratchBytes): allocating and freeing megabytes per call let the allocator hand the
+// pages back to the kernel and fault them in again, ~200 page faults per reversal-shape layer.
+template <typename T>
+class ChunkScratch {
+ public:
+  explicit ChunkScratch(int64_t elements) {
+    thread_local std::unique_ptr<T[]> kept;
+    thread_local int64_t kept_elements = 0;
+    if (elements * static_cast<int64_t>(sizeof(T)) > kKeptScratchBytes) {
+      owned_ = scratch<T>(elements);
+      next_ = owned_.get();
+      return;
+    }
+    if (kept_elements < elements) {
+      kept = scratch<T>(elements);
+      kept_elements = elements;
+    }
+    next_ = kept.get();
+  }
+  T* take(int64_t elements) {
+    T* taken = next_;
+    next_ += elements;
+    return taken;
+  }
+
+ private:
+  std::unique_ptr<T[]> owned_;
+  T* next_ = nullptr;
+};
+
 // Y[rows, out] = X[rows, in]·Wᵀ + bias, W [out, in].
 template <typename T>
 void linear(int64_t rows, int64_t in, int64_t out, const T* x, const T* weight, const T* bias,
@@ -52,35 +85,38 @@ void linear_backward(int64_t rows, int64_t in, int64_t out, const T* grad_y, con
   }
 }
 
-// LayerNorm of the rows v = a + b + bias (b and bias may be null): xhat = (v − mean)·rstd,
-// out = xhat·weight + shift. sum_out, when not null, receives v itself.
+// LayerNorm of the rows v = a + b + bias (b and bias both given or both null): xhat = (v − mean)·rstd,
+// out = xhat·weight + shift. sum_out, when not null, receives v itself. v is built in xhat.
 template <typename T>
 ATTNLAB_ISA_CLONES void layer_norm_rows(int64_t rows, int64_t cols, const T* a, const T* b,
                                         const T* bias, const T* weight, const T* shift, T eps,
                                         T* sum_out, T* xhat, T* rstd, T* out) {
-  std::vector<T> v(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const T* ar = a + r * cols;
+    T* xr = xhat + r * cols;
+    if (b && bias) {
+      const T* br = b + r * cols;
+#pragma omp simd
+      for (int64_t c = 0; c < cols; ++c) xr[c] = ar[c] + br[c] + bias[c];
+    } else {
+      std::copy(ar, ar + cols, xr);
+    }
+    if (sum_out) std::copy(xr, xr + cols, sum_out + r * cols);
     T mean = 0;
 #pragma omp simd reduction(+ : mean)
-    for (int64_t c = 0; c < cols; ++c) {
-      v[c] = ar[c] + (b ? b[r * cols + c] : T(0)) + (bias ? bias[c] : T(0));
-      mean += v[c];
-    }
+    for (int64_t c = 0; c < cols; ++c) mean += xr[c];
     mean /= cols;
     T var = 0;
 #pragma omp simd reduction(+ : var)
-    for (int64_t c = 0; c < cols; ++c) var += (v[c] - mean) * (v[c] - mean);
+    for (int64_t c = 0; c < cols; ++c) var += (xr[c] - mean) * (xr[c] - mean);
     const T inv = T(1) / std::sqrt(var / cols + eps);
     rstd[r] = inv;
-    T* xr = xhat + r * cols;
     T* outr = out + r * cols;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) {
-      xr[c] = (v[c] - mean) * inv;
+      xr[c] = (xr[c] - mean) * inv;
       outr[c] = xr[c] * weight[c] + shift[c];
     }
-    if (sum_out) std::copy(v.begin(), v.end(), sum_out + r * cols);
   }
 }
 
@@ -238,8 +274,9 @@ void forward_chunk(const EncoderBlockShape& s, const T* x, const EncoderBlockPar
                    const BatchedRows<T>& mask, T eps1, T eps2, T* output,
                    const Activations<T>& a) {
   const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
-  auto projected = scratch<T>(n * e);  // an output projection before its bias and residual
-  auto residual = scratch<T>(s.norm_first ? n * e : 0);
+  ChunkScratch<T> buffers(3 * n * e);
+  T* projected = buffers.take(n * e);  // an output projection before its bias and residual
+  T* residual = buffers.take(s.norm_first ? n * e : 0);
 
   // Self-attention on x (post-norm) or LN1(x) (pre-norm).
   const T* attn_input = x;
@@ -253,30 +290,30 @@ void forward_chunk(const EncoderBlockShape& s, const T* x, const EncoderBlockPar
   if (s.heads == 1) {  // [B, L, hd] is already [N, E]
     attention_forward(heads.problem, a.attention, a.lse, static_cast<T*>(nullptr));
   } else {
-    auto by_head = scratch<T>(n * e);
-    attention_forward(heads.problem, by_head.get(), a.lse, static_cast<T*>(nullptr));
-    heads_to_tokens(s, by_head.get(), a.attention);
+    T* by_head = buffers.take(n * e);
+    attention_forward(heads.problem, by_head, a.lse, static_cast<T*>(nullptr));
+    heads_to_tokens(s, by_head, a.attention);
   }
-  gemm(false, true, n, e, e, T(1), a.attention, e, p.out_weight, e, T(0), projected.get(), e);
+  gemm(false, true, n, e, e, T(1), a.attention, e, p.out_weight, e, T(0), projected, e);
 
   // The feed-forward input: LN1(x + attn) (post-norm) or LN2(x + attn) (pre-norm).
   const T* ff_input;
   if (s.norm_first) {
-    layer_norm_rows<T>(n, e, x, projected.get(), p.out_bias, p.norm2_weight, p.norm2_bias, eps2,
-                       residual.get(), a.xhat2, a.rstd2, a.norm2_out);
+    layer_norm_rows<T>(n, e, x, projected, p.out_bias, p.norm2_weight, p.norm2_bias, eps2,
+                       residual, a.xhat2, a.rstd2, a.norm2_out);
     ff_input = a.norm2_out;
   } else {
-    layer_norm_rows<T>(n, e, x, projected.get(), p.out_bias, p.norm1_weight, p.norm1_bias, eps1,
+    layer_norm_rows<T>(n, e, x, projected, p.out_bias, p.norm1_weight, p.norm1_bias, eps1,
                        nullptr, a.xhat1, a.rstd1, a.norm1_out);
     ff_input = a.norm1_out;
   }
   linear(n, e, f, ff_input, p.ff1_weight, p.ff1_bias, a.relu_out);
   relu_in_place(n * f, a.relu_out);
-  gemm(false, true, n, e, f, T(1), a.relu_out, f, p.ff2_weight, f, T(0), projected.get(), e);
+  gemm(false, true, n, e, f, T(1), a.relu_out, f, p.ff2_weight, f, T(0), projected, e);
   if (s.norm_first) {
-    add_rows(n, e, residual.get(), projected.get(), p.ff2_bias, output);
+    add_rows(n, e, residual, projected, p.ff2_bias, output);
   } else {
-    layer_norm_rows<T>(n, e, a.norm1_out, projected.get(), p.ff2_bias, p.norm2_weight,
+    layer_norm_rows<T>(n, e, a.norm1_out, projected, p.ff2_bias, p.norm2_weight,
                        p.norm2_bias, eps2, nullptr, a.xhat2, a.rstd2, output);
   }
 }
@@ -286,40 +323,41 @@ void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x
                     const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
                     const Activations<T>& a, T* grad_x, const EncoderBlockGrads<T>& g) {
   const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
-  auto grad_stream = scratch<T>(n * e);  // ∂L/∂(the residual stream) between the two halves
-  auto grad_relu = scratch<T>(n * f);
-  auto grad_attn = scratch<T>(n * e);
-  auto grad_qkv = scratch<T>(n * 3 * e);
+  ChunkScratch<T> buffers(11 * n * e + n * f);
+  T* grad_stream = buffers.take(n * e);  // ∂L/∂(the residual stream) between the two halves
+  T* grad_relu = buffers.take(n * f);
+  T* grad_attn = buffers.take(n * e);
+  T* grad_qkv = buffers.take(n * 3 * e);
 
   // Feed-forward half.
   const T* grad_ff_out = grad_output;  // pre-norm: y = h + ff(LN2(h))
   if (!s.norm_first) {                  // post-norm: y = LN2(h1 + ff(h1))
     layer_norm_backward_rows<T>(n, e, grad_output, a.xhat2, a.rstd2, p.norm2_weight,
-                                grad_stream.get(), false, g.norm2_weight, g.norm2_bias);
-    grad_ff_out = grad_stream.get();
+                                grad_stream, false, g.norm2_weight, g.norm2_bias);
+    grad_ff_out = grad_stream;
   }
-  linear_backward<T>(n, f, e, grad_ff_out, a.relu_out, p.ff2_weight, grad_relu.get(), false,
+  linear_backward<T>(n, f, e, grad_ff_out, a.relu_out, p.ff2_weight, grad_relu, false,
                      g.ff2_weight, g.ff2_bias);
-  relu_backward_in_place(n * f, a.relu_out, grad_relu.get());
+  relu_backward_in_place(n * f, a.relu_out, grad_relu);
   const T* ff_input = s.norm_first ? a.norm2_out : a.norm1_out;
   if (s.norm_first) {
     // ∂L/∂h = dy + LN2'ᵀ·(dff_in)
-    auto grad_ff_in = scratch<T>(n * e);
-    linear_backward<T>(n, e, f, grad_relu.get(), ff_input, p.ff1_weight, grad_ff_in.get(), false,
+    T* grad_ff_in = buffers.take(n * e);
+    linear_backward<T>(n, e, f, grad_relu, ff_input, p.ff1_weight, grad_ff_in, false,
                        g.ff1_weight, g.ff1_bias);
-    std::copy(grad_output, grad_output + n * e, grad_stream.get());
-    layer_norm_backward_rows<T>(n, e, grad_ff_in.get(), a.xhat2, a.rstd2, p.norm2_weight,
-                                grad_stream.get(), true, g.norm2_weight, g.norm2_bias);
+    std::copy(grad_output, grad_output + n * e, grad_stream);
+    layer_norm_backward_rows<T>(n, e, grad_ff_in, a.xhat2, a.rstd2, p.norm2_weight,
+                                grad_stream, true, g.norm2_weight, g.norm2_bias);
   } else {
     // ∂L/∂h1 = dh2 + dff_in, then through LN1 to ∂L/∂(x + attn).
-    linear_backward<T>(n, e, f, grad_relu.get(), ff_input, p.ff1_weight, grad_stream.get(), true,
+    linear_backward<T>(n, e, f, grad_relu, ff_input, p.ff1_weight, grad_stream, true,
                        g.ff1_weight, g.ff1_bias);
-    layer_norm_backward_rows<T>(n, e, grad_stream.get(), a.xhat1, a.rstd1, p.norm1_weight,
-                                grad_stream.get(), false, g.norm1_weight, g.norm1_bias);
+    layer_norm_backward_rows<T>(n, e, grad_stream, a.xhat1, a.rstd1, p.norm1_weight,
+                                grad_stream, false, g.norm1_weight, g.norm1_bias);
   }
 
   // Attention half: grad_stream is now ∂L/∂(x + attn).
-  linear_backward<T>(n, e, e, grad_stream.get(), a.attention, p.out_weight, grad_attn.get(), false,
+  linear_backward<T>(n, e, e, grad_stream, a.attention, p.out_weight, grad_attn, false,
                      g.out_weight, g.out_bias);
   const HeadsProblem<T> heads(s, a.qkv, mask);
   const int64_t hd = s.head_dim(), entries = s.batch * s.heads;
@@ -327,45 +365,47 @@ void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) grad_offsets[b * s.heads + h] = b * s.length * e + h * hd;
   }
-  const BatchedRows<T> grad_heads{grad_attn.get(), grad_offsets.data(), e};
-  auto output_by_head = scratch<T>(s.heads == 1 ? 0 : n * e);
+  const BatchedRows<T> grad_heads{grad_attn, grad_offsets.data(), e};
+  T* output_by_head = buffers.take(s.heads == 1 ? 0 : n * e);
   const T* output_heads = a.attention;
   if (s.heads > 1) {
-    tokens_to_heads(s, a.attention, output_by_head.get());
-    output_heads = output_by_head.get();
+    tokens_to_heads(s, a.attention, output_by_head);
+    output_heads = output_by_head;
   }
-  auto grad_q = scratch<T>(n * e), grad_k = scratch<T>(n * e), grad_v = scratch<T>(n * e);
+  T* grad_q = buffers.take(n * e);
+  T* grad_k = buffers.take(n * e);
+  T* grad_v = buffers.take(n * e);
   attention_backward(heads.problem, grad_heads, output_heads, a.lse, static_cast<const T*>(nullptr),
-                     grad_q.get(), grad_k.get(), grad_v.get(), static_cast<T*>(nullptr));
+                     grad_q, grad_k, grad_v, static_cast<T*>(nullptr));
   // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       for (int64_t l = 0; l < s.length; ++l) {
         const int64_t src = ((b * s.heads + h) * s.length + l) * hd;
-        T* dst = grad_qkv.get() + (b * s.length + l) * 3 * e + h * 3 * hd;
-        std::copy(grad_q.get() + src, grad_q.get() + src + hd, dst);
-        std::copy(grad_k.get() + src, grad_k.get() + src + hd, dst + hd);
-        std::copy(grad_v.get() + src, grad_v.get() + src + hd, dst + 2 * hd);
+        T* dst = grad_qkv + (b * s.length + l) * 3 * e + h * 3 * hd;
+        std::copy(grad_q + src, grad_q + src + hd, dst);
+        std::copy(grad_k + src, grad_k + src + hd, dst + hd);
+        std::copy(grad_v + src, grad_v + src + hd, dst + 2 * hd);
       }
     }
   }
 
   if (s.norm_first) {
-    auto grad_norm1_out = scratch<T>(n * e);
-    linear_backward<T>(n, e, 3 * e, grad_qkv.get(), a.norm1_out, p.qkv_weight,
-                       grad_norm1_out.get(), false, g.qkv_weight, g.qkv_bias);
+    T* grad_norm1_out = buffers.take(n * e);
+    linear_backward<T>(n, e, 3 * e, grad_qkv, a.norm1_out, p.qkv_weight,
+                       grad_norm1_out, false, g.qkv_weight, g.qkv_bias);
     // dx = ∂L/∂h + LN1'ᵀ·dn1. Without dx, LN1's parameter gradients are still needed: the
     // input gradient then goes over dn1 itself.
-    T* grad_in = grad_norm1_out.get();
+    T* grad_in = grad_norm1_out;
     if (grad_x) {
-      std::copy(grad_stream.get(), grad_stream.get() + n * e, grad_x);
+      std::copy(grad_stream, grad_stream + n * e, grad_x);
       grad_in = grad_x;
     }
-    layer_norm_backward_rows<T>(n, e, grad_norm1_out.get(), a.xhat1, a.rstd1, p.norm1_weight,
+    layer_norm_backward_rows<T>(n, e, grad_norm1_out, a.xhat1, a.rstd1, p.norm1_weight,
                                 grad_in, grad_x != nullptr, g.norm1_weight, g.norm1_bias);
   } else {
-    if (grad_x) std::copy(grad_stream.get(), grad_stream.get() + n * e, grad_x);
-    linear_backward<T>(n, e, 3 * e, grad_qkv.get(), x, p.qkv_weight, grad_x, true, g.qkv_weight,
+    if (grad_x) std::copy(grad_stream, grad_stream + n * e, grad_x);
+    linear_backward<T>(n, e, 3 * e, grad_qkv, x, p.qkv_weight, grad_x, true, g.qkv_weight,
                        g.qkv_bias);
   }
 }

@@ -190,3 +190,23 @@ def test_bad_inputs(call, message):
     x = torch.randn(2, 5, 8)
     with pytest.raises(RuntimeError, match=message):
         call(block, x, list(block._fused_parameters()))
+
+
+def test_thread_counts_agree():
+    # Each thread runs the block on its share of the batch; the parameters' gradients add the
+    # shares, so they agree across thread counts to rounding, the rest exactly per row.
+    block = random_block(16, 4, 24, norm_first=False)
+    x = torch.randn(9, 6, 16, dtype=torch.float64, requires_grad=True)
+    grad = torch.randn(9, 6, 16, dtype=torch.float64)
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 4):
+            torch.set_num_threads(threads)
+            out = fused(block, x)
+            results.append((out, *torch.autograd.grad(out, [x, *block.parameters()], grad)))
+    finally:
+        torch.set_num_threads(previous)
+    for other in results[1:]:
+        for got, want in zip(other, results[0]):
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -17,19 +17,15 @@
 
 #include "cuda/sdpa_kernels.h"
 #include "ops/checks.h"
+#include "ops/layout.h"
 
 namespace attnlab::cuda {
 namespace {
 
 using at::Tensor;
+using attnlab::with_tail;
 
 constexpr int64_t kMaxHeadSize = 256;
-
-std::vector<int64_t> with_tail(at::IntArrayRef batch, std::initializer_list<int64_t> tail) {
-  std::vector<int64_t> shape(batch.begin(), batch.end());
-  shape.insert(shape.end(), tail);
-  return shape;
-}
 
 // Calls fn with std::type_identity<T> for the CUDA type T that stores `dtype`.
 template <typename Fn>

@@ -49,6 +49,46 @@ TEST(Modules, EncoderIsPermutationEquivariantAndHasParameterNamesOfPython) {
   EXPECT_NE(std::find(names.begin(), names.end(), "layers.0.self_attn.qkv_proj.bias"), names.end());
 }
 
+// The block as the tutorial writes it (pre-norm when norm_first), in ATen ops.
+Tensor tutorial_block(attnlab::nn::EncoderBlock& block, const Tensor& x) {
+  auto norm = [](torch::nn::LayerNorm& ln, const Tensor& t) {
+    return torch::layer_norm(t, {t.size(-1)}, ln->weight, ln->bias, ln->options.eps());
+  };
+  auto ffn = [&](const Tensor& t) {
+    auto* first = block->linear_net[0]->as<torch::nn::Linear>();
+    auto* second = block->linear_net[3]->as<torch::nn::Linear>();
+    return torch::linear(torch::relu(torch::linear(t, first->weight, first->bias)),
+                         second->weight, second->bias);
+  };
+  if (block->norm_first) {
+    auto h = x + std::get<0>(tutorial_mha(block->self_attn, norm(block->norm1, x)));
+    return h + ffn(norm(block->norm2, h));
+  }
+  auto h = norm(block->norm1, x + std::get<0>(tutorial_mha(block->self_attn, x)));
+  return norm(block->norm2, h + ffn(h));
+}
+
+TEST(Modules, EncoderBlockMatchesTutorialEquationsWithGradients) {
+  for (const bool norm_first : {false, true}) {
+    torch::manual_seed(2);
+    attnlab::nn::EncoderBlock block(8, 2, 12, 0.0, norm_first);
+    block->to(torch::kDouble);
+    auto x = torch::randn({3, 5, 8}, torch::kDouble).requires_grad_();
+    auto grad = torch::randn({3, 5, 8}, torch::kDouble);
+    std::vector<Tensor> inputs{x};
+    for (const auto& p : block->parameters()) inputs.push_back(p);
+    auto out = block(x);  // the fused operator: dropout is 0
+    auto expected = tutorial_block(block, x);
+    EXPECT_TRUE(torch::allclose(out, expected, 1e-9, 1e-9)) << "norm_first " << norm_first;
+    auto got = torch::autograd::grad({out}, inputs, {grad});
+    auto want = torch::autograd::grad({expected}, inputs, {grad});
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-9, 1e-9))
+          << "gradient " << i << ", norm_first " << norm_first;
+    }
+  }
+}
+
 TEST(Modules, BadArgumentsThrow) {
   EXPECT_THROW(attnlab::nn::MultiheadAttention(8, 10, 3), c10::Error);
   EXPECT_THROW(attnlab::nn::EncoderBlock(8, 2, 0), c10::Error);

@@ -240,28 +240,18 @@ struct HeadsProblem {
   }
 };
 
-// [B·H, L, hd] (heads apart) ↔ [B·L, E] (heads side by side).
-template <typename T>
-void heads_to_tokens(const EncoderBlockShape& s, const T* heads, T* tokens) {
-  const int64_t hd = s.head_dim();
+// Calls f(head_row, token_row) for every row of every head: the element offsets of that row in
+// the heads-apart layout [B·H, L, hd] and in a heads-side-by-side layout whose token rows are
+// token_stride apart and whose heads are head_stride apart ([B·L, E]: E and hd; the qkv
+// buffer [B·L, 3E]: 3E and 3·hd).
+template <typename F>
+void for_each_head_row(const EncoderBlockShape& s, int64_t token_stride, int64_t head_stride,
+                       F f) {
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) {
       for (int64_t l = 0; l < s.length; ++l) {
-        const T* src = heads + ((b * s.heads + h) * s.length + l) * hd;
-        std::copy(src, src + hd, tokens + (b * s.length + l) * s.dim + h * hd);
-      }
-    }
-  }
-}
-
-template <typename T>
-void tokens_to_heads(const EncoderBlockShape& s, const T* tokens, T* heads) {
-  const int64_t hd = s.head_dim();
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      for (int64_t l = 0; l < s.length; ++l) {
-        const T* src = tokens + (b * s.length + l) * s.dim + h * hd;
-        std::copy(src, src + hd, heads + ((b * s.heads + h) * s.length + l) * hd);
+        f(((b * s.heads + h) * s.length + l) * s.head_dim(),
+          (b * s.length + l) * token_stride + h * head_stride);
       }
     }
   }
@@ -292,7 +282,9 @@ void forward_chunk(const EncoderBlockShape& s, const T* x, const EncoderBlockPar
   } else {
     T* by_head = buffers.take(n * e);
     attention_forward(heads.problem, by_head, a.lse, static_cast<T*>(nullptr));
-    heads_to_tokens(s, by_head, a.attention);
+    for_each_head_row(s, e, s.head_dim(), [&](int64_t head_row, int64_t token_row) {
+      std::copy(by_head + head_row, by_head + head_row + s.head_dim(), a.attention + token_row);
+    });
   }
   gemm(false, true, n, e, e, T(1), a.attention, e, p.out_weight, e, T(0), projected, e);
 
@@ -369,7 +361,9 @@ void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x
   T* output_by_head = buffers.take(s.heads == 1 ? 0 : n * e);
   const T* output_heads = a.attention;
   if (s.heads > 1) {
-    tokens_to_heads(s, a.attention, output_by_head);
+    for_each_head_row(s, e, hd, [&](int64_t head_row, int64_t token_row) {
+      std::copy(a.attention + token_row, a.attention + token_row + hd, output_by_head + head_row);
+    });
     output_heads = output_by_head;
   }
   T* grad_q = buffers.take(n * e);
@@ -378,17 +372,12 @@ void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x
   attention_backward(heads.problem, grad_heads, output_heads, a.lse, static_cast<const T*>(nullptr),
                      grad_q, grad_k, grad_v, static_cast<T*>(nullptr));
   // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      for (int64_t l = 0; l < s.length; ++l) {
-        const int64_t src = ((b * s.heads + h) * s.length + l) * hd;
-        T* dst = grad_qkv + (b * s.length + l) * 3 * e + h * 3 * hd;
-        std::copy(grad_q + src, grad_q + src + hd, dst);
-        std::copy(grad_k + src, grad_k + src + hd, dst + hd);
-        std::copy(grad_v + src, grad_v + src + hd, dst + 2 * hd);
-      }
-    }
-  }
+  for_each_head_row(s, 3 * e, 3 * hd, [&](int64_t head_row, int64_t token_row) {
+    T* dst = grad_qkv + token_row;
+    std::copy(grad_q + head_row, grad_q + head_row + hd, dst);
+    std::copy(grad_k + head_row, grad_k + head_row + hd, dst + hd);
+    std::copy(grad_v + head_row, grad_v + head_row + hd, dst + 2 * hd);
+  });
 
   if (s.norm_first) {
     T* grad_norm1_out = buffers.take(n * e);

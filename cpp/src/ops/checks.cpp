@@ -44,6 +44,18 @@ std::optional<std::vector<int64_t>> broadcast(at::IntArrayRef a, at::IntArrayRef
   return out;
 }
 
+// The mask's dtype (bool or floating point) and device (that of `input`), for operator `op`.
+void mask_kind(const char* op, const std::optional<at::Tensor>& attn_mask,
+               const at::Tensor& input, const char* input_name) {
+  if (!attn_mask || !attn_mask->defined()) return;
+  const auto& mask = *attn_mask;
+  TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), op,
+              ": attn_mask must be bool (true = may attend) or floating point (added to the "
+              "scores), got ", mask.scalar_type());
+  TORCH_CHECK(mask.device() == input.device(), op, ": attn_mask is on ", mask.device(), " but ",
+              input_name, " is on ", input.device());
+}
+
 }  // namespace
 
 void sdpa_kinds(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -58,15 +70,7 @@ void sdpa_kinds(const at::Tensor& query, const at::Tensor& key, const at::Tensor
     TORCH_CHECK(t->device() == query.device(), kSdpa, ": ", name, " is on ", t->device(),
                 " but query is on ", query.device(), "; all inputs must be on one device");
   }
-  if (attn_mask && attn_mask->defined()) {
-    const auto& mask = *attn_mask;
-    TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), kSdpa,
-                ": attn_mask must be bool (true = may attend) or floating point (added to the "
-                "scores), got ",
-                mask.scalar_type());
-    TORCH_CHECK(mask.device() == query.device(), kSdpa, ": attn_mask is on ", mask.device(),
-                " but query is on ", query.device());
-  }
+  mask_kind(kSdpa, attn_mask, query, "query");
   if (scale) {
     TORCH_CHECK(std::isfinite(*scale), kSdpa, ": scale must be a finite number, got ", *scale);
   }
@@ -217,14 +221,7 @@ void encoder_block_kinds(const at::Tensor& x, at::TensorList params,
                 kBlockParams[i], " is ", p.scalar_type(), " on ", p.device(), " but x is ",
                 x.scalar_type(), " on ", x.device());
   }
-  if (attn_mask && attn_mask->defined()) {
-    const auto& mask = *attn_mask;
-    TORCH_CHECK(mask.scalar_type() == at::kBool || at::isFloatingType(mask.scalar_type()), kBlock,
-                ": attn_mask must be bool (true = may attend) or floating point (added to the "
-                "scores), got ", mask.scalar_type());
-    TORCH_CHECK(mask.device() == x.device(), kBlock, ": attn_mask is on ", mask.device(),
-                " but x is on ", x.device());
-  }
+  mask_kind(kBlock, attn_mask, x, "x");
 }
 
 void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t num_heads,

@@ -36,7 +36,7 @@ torch::Tensor wave(std::vector<int64_t> shape, double step, bool cosine = false)
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const auto info = attnlab::build_info();
   std::cout << "attnlab " << info.version << ", built against torch " << info.torch_version
             << ", running on torch " << attnlab::loaded_torch_version() << '\n';
@@ -64,4 +64,13 @@ int main(int argc, char** argv) {
     print("module_attention", maps);
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const c10::Error& error) {  // bad input, a missing file, another torch: one message
+    std::cerr << "consumer: " << error.what_without_backtrace() << '\n';
+    return 1;
+  }
 }

@@ -114,6 +114,29 @@ def test_out_of_tree_example_matches_python(consumer, tmp_path):
                                atol=1e-7)
 
 
+def test_library_names_another_loaded_torch(consumer, tmp_path):
+    """The example run next to a torch folder that says it is another release (the real
+    libraries, linked into a tree whose version.py names 9.9.9): libattnlab names both versions
+    when it is loaded, and its operators refuse to run."""
+    real = Path(torch.__file__).resolve().parent
+    fake = tmp_path / "site" / "torch"
+    (fake / "lib").mkdir(parents=True)
+    for library in (real / "lib").glob("*.so*"):
+        (fake / "lib" / library.name).symlink_to(library)
+    if (real.parent / "nvidia").is_dir():  # libtorch_cuda finds CUDA's libraries from here
+        (fake.parent / "nvidia").symlink_to(real.parent / "nvidia")
+    (fake / "version.py").write_text("__version__ = '9.9.9+cpu'\n")
+    ran = subprocess.run([str(consumer)], capture_output=True, text=True,
+                         env={**os.environ, "LD_LIBRARY_PATH": str(fake / "lib")})
+    assert ran.returncode == 1
+    built = attnlab.build_info()["torch"]
+    expected = f"was built against torch {built} but this process loaded torch 9.9.9+cpu"
+    lines = ran.stderr.strip().splitlines()
+    assert expected in lines[0]  # printed at load
+    assert lines[-1].startswith("consumer: attnlab.scaled_dot_product_attention: attnlab ")
+    assert expected in lines[-1]  # and the operator refuses
+
+
 def test_public_headers_compile_on_their_own(tmp_path):
     """Each installed header first in its own translation unit, against the installed
     package only."""

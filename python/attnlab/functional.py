@@ -7,7 +7,8 @@ import torch
 
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                                 scale: float | None = None, need_weights: bool = False):
+                                 scale: float | None = None, need_weights: bool = False
+                                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(query @ key.transpose(-2, -1) * scale + mask) @ value.
 
     Args:
@@ -22,8 +23,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         need_weights: also return the normalized attention weights ``[..., L_q, L_k]``.
 
     Returns:
-        ``(output, weights)``: output ``[..., L_q, E_v]``; weights, or ``None`` unless
-        ``need_weights``. A query whose keys are all masked gets a zero output and zero weights.
+        The pair ``(output, weights)`` — output ``[..., L_q, E_v]``; weights, or ``None``
+        unless ``need_weights``. A query whose keys are all masked gets a zero output and
+        zero weights.
     """
     output, weights = torch.ops.attnlab.scaled_dot_product_attention(
         query, key, value, attn_mask, is_causal, scale, need_weights)

@@ -3,7 +3,7 @@
 import torch  # noqa: F401  (loads libtorch before the extension that links against it)
 
 from . import _C, _ops  # noqa: F401  (_C registers torch.ops.attnlab; _ops their fake kernels)
-from . import nn
+from . import interpret, nn
 from .functional import scaled_dot_product_attention
 
 __version__ = _C.build_info()["version"]
@@ -15,4 +15,4 @@ def build_info() -> dict:
     return _C.build_info()
 
 
-__all__ = ["nn", "scaled_dot_product_attention", "build_info", "__version__"]
+__all__ = ["nn", "interpret", "scaled_dot_product_attention", "build_info", "__version__"]

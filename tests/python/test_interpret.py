@@ -573,3 +573,28 @@ def test_attention_flow_without_networkx_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "networkx", None)  # import networkx now fails
     with pytest.raises(ImportError, match=r"attention_flow needs networkx: pip install networkx"):
         attention_flow(MAPS)
+
+
+requires_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or not attnlab.build_info()["cuda"],
+    reason="no CUDA device here (or a build without CUDA kernels)")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_grad_weights_and_the_recorder_on_cuda(dtype):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=gen).to("cuda", dtype) for n in (40, 70, 70))
+    mask = torch.rand(40, 70, generator=gen).cuda() > 0.3
+    output, lse, weights = torch.ops.attnlab._sdpa_forward(q, k, v, mask, True, None, True)
+    dout = torch.randn(output.shape, generator=gen).to("cuda", dtype)
+    grads = torch.ops.attnlab._sdpa_backward(dout, q, k, v, mask, True, None, output, lse,
+                                             None, False, True)
+    assert grads[4].dtype == dtype and grads[4].shape == (2, 3, 40, 70)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    close(grads[4].cpu(), dout.cpu().double() @ v.cpu().double().mT, rtol=tolerance)
+    with record() as rec:
+        out, _ = functional.scaled_dot_product_attention(q.requires_grad_(), k, v, mask, True)
+    (out.float() * dout.float()).sum().backward()
+    close(rec.grads[0].cpu(), grads[4].cpu().double(), rtol=tolerance)
+    close(rec.weights[0].cpu(), weights.cpu().double(), rtol=tolerance)

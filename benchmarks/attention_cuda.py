@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnlab
-from common import markdown_table
+from common import classify_backend, default_backend, markdown_table  # noqa: F401
 
 TOKENS = 16 * 1024
 WIDTH = 2048
@@ -51,18 +51,6 @@ FLOAT32_TARGETS = {"fwd": 1.0, "fwd+bwd": 1.0}  # against torch's efficient back
 WEIGHTS_TARGET_LENGTH = 4096
 WEIGHTS_SPEEDUP_TARGET = 3.0  # plain matmul-softmax-matmul time / attnlab with weights
 WEIGHTS_COST_TARGET = 1.5  # attnlab with weights / attnlab without
-
-# Which private aten operator F.scaled_dot_product_attention ran, by the profiler's event names
-# (the first match wins: the CPU flash operator's name contains the CUDA one's).
-BACKEND_OPERATORS = [
-    ("_scaled_dot_product_flash_attention_for_cpu", "flash (CPU)"),
-    ("_scaled_dot_product_flash_attention", "flash"),
-    ("_scaled_dot_product_efficient_attention", "efficient"),
-    ("_scaled_dot_product_cudnn_attention", "cudnn"),
-    ("_scaled_dot_product_fused_attention_overrideable", "overrideable"),
-    ("_scaled_dot_product_attention_math", "math"),
-]
-
 
 def flops(batch, heads, length, head_size, is_causal, backward):
     """Work of one pass with the FlashAttention convention."""
@@ -117,24 +105,6 @@ def pass_runner(fn, q, k, v, is_causal, backward):
         out = out[0] if isinstance(out, tuple) else out
         torch.autograd.grad(out, (q, k, v), grad)
     return forward_backward
-
-
-def default_backend(q, k, v, is_causal=False) -> str:
-    """The backend F.scaled_dot_product_attention picks by default for these inputs, read from
-    the aten operator the profiler sees it call."""
-    from torch.profiler import ProfilerActivity, profile
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
-        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
-    names = {event.name for event in prof.events()}
-    return classify_backend(names)
-
-
-def classify_backend(operator_names) -> str:
-    """The backend named by a set of profiler event names ("unknown" when none matches)."""
-    for fragment, backend in BACKEND_OPERATORS:
-        if any(fragment in name for name in operator_names):
-            return backend
-    return "unknown"
 
 
 # ---- measurement (needs a GPU) -----------------------------------------------------------------

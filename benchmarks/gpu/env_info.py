@@ -17,8 +17,8 @@ from common import default_backend  # noqa: E402
 
 def main():
     print(f"python {platform.python_version()} ({sys.executable})")
-    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"cuDNN {torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None}")
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}")
     try:
         import attnlab
         print(f"attnlab {attnlab.__version__} at {Path(attnlab.__file__).parent}: "

@@ -14,7 +14,8 @@ usage() {
   cat <<'EOF'
 usage: benchmarks/gpu/run.sh OUTDIR [options]
 
-  --phases LIST   comma-separated phases (default: all), run in the order given:
+  --phases LIST   comma-separated phases (default: all), run in the order given;
+                  "a+b" runs a and b at the same time (not build, not the benchmarks):
                     build        pip-build attnlab with its CUDA kernels for this GPU, install it
                     env          nvidia-smi, versions, torch's default SDPA backend -> env.txt
                     tests        pytest tests/python/test_attention_cuda.py (+ build info)
@@ -25,8 +26,10 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                     bench-extra  benchmarks/attention_cuda.py --tables weights memory
                     experiments  every experiment's --fast run (and reverse in full) on CUDA
                     anomaly      anomaly, 100 epochs, resumed from its checkpoint
-                  groups: all (every phase above), sanitize (memcheck,racecheck),
-                          bench (bench-speed,bench-extra)
+                  groups: all (every phase above, sanitizers side by side),
+                          sanitize (memcheck+racecheck), bench (bench-speed,bench-extra)
+  --budget S      the whole run's time limit in seconds: each phase gets at most what is left
+                  (20 s are kept for --pack); a phase with under 30 s left is SKIPPED
   --quick         smaller runs: 200 fuzz cases, short benchmarks, fast experiments only,
                   anomaly for 2 epochs
   --dry-run       print the commands instead of running them
@@ -49,8 +52,8 @@ EOF
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$REPO" || exit 1
 
-ALL_PHASES=(build env tests fuzz memcheck racecheck bench-speed bench-extra experiments anomaly)
-OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3}
+ALL_PHASES=(build env tests fuzz memcheck+racecheck bench-speed bench-extra experiments anomaly)
+OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET=""
 while (($#)); do
   case $1 in
     --phases) PHASES=${2:?--phases needs a list}; shift 2 ;;
@@ -61,6 +64,8 @@ while (($#)); do
     --pack) PACK=${2:?--pack needs a folder}; shift 2 ;;
     --pack=*) PACK=${1#*=}; shift ;;
     --python) PY=${2:?--python needs an interpreter}; shift 2 ;;
+    --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
+    --budget=*) BUDGET=${1#*=}; shift ;;
     -h|--help) usage; exit 0 ;;
     -*) echo "run.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     *) if [[ -n $OUTDIR ]]; then echo "run.sh: one OUTDIR only (got $OUTDIR and $1)" >&2; exit 2; fi
@@ -68,20 +73,42 @@ while (($#)); do
   esac
 done
 if [[ -z $OUTDIR ]]; then usage >&2; exit 2; fi
+if [[ -n $BUDGET && ! $BUDGET =~ ^[0-9]+$ ]]; then echo "run.sh: --budget takes whole seconds" >&2; exit 2; fi
+STARTED=$(date +%s)
 
-# Expand groups; reject unknown names before anything runs.
+# Expand groups; reject unknown names before anything runs. An entry "a+b" runs a and b at
+# the same time (never a benchmark: its timings would suffer).
+expand() {
+  case $1 in
+    all) echo "${ALL_PHASES[@]}" ;;
+    sanitize) echo "memcheck+racecheck" ;;
+    bench) echo "bench-speed bench-extra" ;;
+    build|env|tests|fuzz|memcheck|racecheck|bench-speed|bench-extra|experiments|anomaly) echo "$1" ;;
+    *) echo "run.sh: unknown phase '$1' (see --help)" >&2; return 2 ;;
+  esac
+}
 SELECTED=()
 IFS=',' read -r -a requested <<<"$PHASES"
-for name in "${requested[@]}"; do
-  case $name in
-    all) SELECTED+=("${ALL_PHASES[@]}") ;;
-    sanitize) SELECTED+=(memcheck racecheck) ;;
-    bench) SELECTED+=(bench-speed bench-extra) ;;
-    build|env|tests|fuzz|memcheck|racecheck|bench-speed|bench-extra|experiments|anomaly)
-      SELECTED+=("$name") ;;
-    *) echo "run.sh: unknown phase '$name' (see --help)" >&2; exit 2 ;;
-  esac
+for entry in "${requested[@]}"; do
+  IFS='+' read -r -a members <<<"$entry"
+  if ((${#members[@]} == 1)); then
+    list=$(expand "$entry") || exit 2
+    read -r -a expanded <<<"$list"
+    SELECTED+=("${expanded[@]}")
+  else
+    group=()
+    for member in "${members[@]}"; do
+      list=$(expand "$member") || exit 2
+      if [[ $list == *bench* || $list == *build* ]]; then
+        echo "run.sh: $member cannot run beside other phases ($entry)" >&2; exit 2
+      fi
+      group+=("${list// /+}")
+    done
+    SELECTED+=("$(IFS=+; echo "${group[*]}")")
+  fi
 done
+# selected NAME: whether NAME is among the phases of this run.
+selected() { [[ " ${SELECTED[*]//+/ } " == *" $1 "* ]]; }
 
 OUTDIR=$(realpath -m "$OUTDIR")
 if [[ -n $PACK && $(realpath -m "$PACK") == "$OUTDIR" ]]; then
@@ -211,7 +238,7 @@ phase_env() {
 phase_tests() {
   local log=$1 rc
   step "$log" "$PY" -m pytest tests/python/test_attention_cuda.py tests/python/test_build_info.py \
-       -v -rs -p no:cacheprovider --junitxml="$OUTDIR/tests.junit.xml"
+       -v -rs -p no:cacheprovider -o faulthandler_timeout=300 --junitxml="$OUTDIR/tests.junit.xml"
   rc=$?
   NOTE=$(pytest_tally "$log")
   # Every CUDA test must run here: a skip counts against the phase.
@@ -223,7 +250,7 @@ phase_fuzz() {
   local log=$1 rc examples=2000
   ((QUICK)) && examples=200
   step "$log" env ATTNLAB_CUDA_FUZZ_EXAMPLES=$examples "$PY" -m pytest \
-       tests/python/test_cuda_vs_cpu_properties.py -v -rs -p no:cacheprovider \
+       tests/python/test_cuda_vs_cpu_properties.py -v -rs -p no:cacheprovider -o faulthandler_timeout=300 \
        --hypothesis-show-statistics --junitxml="$OUTDIR/fuzz.junit.xml"
   rc=$?
   NOTE="$examples examples: $(pytest_tally "$log")"
@@ -418,11 +445,11 @@ pack_results() {
   tar -czf "$GPU_DIR/results.tar.gz" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")"
   pack_file "$GPU_DIR/results.tar.gz" results.tar.gz
   local wheel; wheel=$(compgen -G "$WHEEL_DIR/attnlab-*.whl" | head -n 1)
-  if [[ -n $wheel && " ${SELECTED[*]} " == *" build "* ]]; then
+  if [[ -n $wheel ]] && selected build; then
     pack_file "$wheel" "$(basename "$wheel")"
     cp "$WHEEL_DIR/SOURCE_HASH" "$PACK/SOURCE_HASH"
   fi
-  if [[ " ${SELECTED[*]} " == *" anomaly "* && -f $STATE/anomaly-100/checkpoint.pt && ! -f $STATE/anomaly-100/results.json ]]; then
+  if selected anomaly && [[ -f $STATE/anomaly-100/checkpoint.pt && ! -f $STATE/anomaly-100/results.json ]]; then
     pack_file "$STATE/anomaly-100/checkpoint.pt" anomaly-100-checkpoint.pt
   fi
   # Copies of the tables (they are in results.tar.gz too) while the 8-file limit allows.
@@ -442,12 +469,25 @@ if ((DRY)); then
 else
   { echo; echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): ${SELECTED[*]}$( ((QUICK)) && echo ' (quick)')"; } >>"$SUMMARY"
 fi
-OVERALL=0
-for phase in "${SELECTED[@]}"; do
+PACK_RESERVE=20  # seconds kept for --pack at the end of a --budget
+
+# run_phase NAME: runs one phase within its limit (and what --budget leaves), appends its line
+# to summary.md; returns 1 when it failed or timed out.
+run_phase() {
+  local phase=$1 var limit log started rc seconds result line
   var=TIMEOUT_${phase//-/_}; var=${var^^}
   limit=${!var:-$(default_timeout "$phase")}
+  if [[ -n $BUDGET ]]; then
+    local left=$((STARTED + BUDGET - PACK_RESERVE - $(now)))
+    ((left < limit)) && limit=$left
+  fi
   log=$OUTDIR/$phase.log
   ((DRY)) && log=/dev/null
+  if ((limit < 30 && !DRY)); then
+    line="- $phase: SKIPPED — ${limit}s left of --budget $BUDGET"
+    echo "$line"; echo "$line" >>"$SUMMARY"
+    return 1
+  fi
   PHASE_DEADLINE=$(($(now) + limit))
   NOTE=""
   started=$(now)
@@ -472,13 +512,28 @@ for phase in "${SELECTED[@]}"; do
   ((DRY)) && result=DRY
   line="- $phase: $result in ${seconds} s (exit $rc) — ${NOTE:-} [$phase.log]"
   echo "$line"
-  if ((!DRY)); then
-    echo "$line" >>"$SUMMARY"
-    if [[ $result == FAIL || $result == TIMEOUT ]]; then
-      OVERALL=1
-      echo "---- last lines of $phase.log"; tail -n 30 "$log"; echo "----"
-    fi
+  ((DRY)) && return 0
+  echo "$line" >>"$SUMMARY"
+  if [[ $result == FAIL || $result == TIMEOUT ]]; then
+    echo "---- last lines of $phase.log"; tail -n 30 "$log"; echo "----"
+    return 1
   fi
+}
+
+OVERALL=0
+for entry in "${SELECTED[@]}"; do
+  if [[ $entry != *+* ]]; then
+    run_phase "$entry" || OVERALL=1
+    continue
+  fi
+  IFS='+' read -r -a members <<<"$entry"
+  echo "== at the same time: ${members[*]}"
+  pids=()
+  for member in "${members[@]}"; do
+    run_phase "$member" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || OVERALL=1; done
 done
 [[ -n $PACK ]] && pack_results
 exit "$OVERALL"

@@ -2,6 +2,7 @@
 verdicts it builds from (fake) timings, the default-backend detection, and its command line."""
 
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -153,3 +154,49 @@ def test_defaults_cover_the_targets():
     assert bench.WEIGHTS_TARGET_LENGTH in args.weights_lengths
     assert any(n >= bench.TARGET_FROM_LENGTH for n in args.lengths)
     assert args.head_sizes == [64, 128]
+
+
+class FakeEvent:
+    """torch.cuda.Event's timing interface on the host clock."""
+
+    def __init__(self, enable_timing=True):
+        self.at = None
+
+    def record(self):
+        self.at = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end):
+        return (end.at - self.at) * 1e3
+
+
+def test_time_alternating_medians_and_failures(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "Event", FakeEvent)
+    calls = []
+
+    def sleeper(name, seconds):
+        def run():
+            calls.append(name)
+            time.sleep(seconds)
+        return run
+
+    def declines():
+        raise RuntimeError("No available kernel")
+
+    def torch_backend(q, k, v, is_causal):  # stands for a forced torch backend
+        pass
+
+    times = bench.time_alternating([sleeper("slow", 0.004), sleeper("fast", 0.001), declines],
+                                   [bench.attnlab_sdpa, torch_backend, torch_backend], reps=5,
+                                   min_sample_ms=2.0)
+    assert times[2] == "n/a"
+    assert 3.5 < times[0] < 12 and 0.8 < times[1] < 4 and times[0] > 2 * times[1]
+    # Three warm-up calls each, then rounds alternate: one sample of each per round.
+    assert calls[:6] == ["slow"] * 3 + ["fast"] * 3
+    groups = [name for i, name in enumerate(calls[6:]) if i == 0 or calls[6 + i - 1] != name]
+    assert groups == ["slow", "fast"] * 5
+    # An error from attnlab is a bug: it is raised, not tabulated.
+    with pytest.raises(RuntimeError, match="No available kernel"):
+        bench.time_alternating([declines], [bench.attnlab_sdpa], reps=1)

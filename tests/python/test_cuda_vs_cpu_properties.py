@@ -88,7 +88,8 @@ def relative_error(result, expected, magnitude=None):
     if expected.numel() == 0:
         return 0.0
     result = result.detach().double().cpu()
-    assert result.shape == expected.shape, f"shape {list(result.shape)}, expected {list(expected.shape)}"
+    assert result.shape == expected.shape, \
+        f"shape {list(result.shape)}, expected {list(expected.shape)}"
     scale = max(1.0, largest([expected]) if magnitude is None else magnitude)
     return (result - expected).abs().max().item() / scale
 

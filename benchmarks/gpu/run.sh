@@ -50,7 +50,6 @@ EOF
 }
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$REPO" || exit 1
 
 ALL_PHASES=(build env tests fuzz memcheck+racecheck bench-speed bench-extra experiments anomaly)
 OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET=""
@@ -110,11 +109,14 @@ done
 # selected NAME: whether NAME is among the phases of this run.
 selected() { [[ " ${SELECTED[*]//+/ } " == *" $1 "* ]]; }
 
+# OUTDIR and --pack are relative to where run.sh is called from; everything else to the checkout.
 OUTDIR=$(realpath -m "$OUTDIR")
-if [[ -n $PACK && $(realpath -m "$PACK") == "$OUTDIR" ]]; then
+[[ -n $PACK ]] && PACK=$(realpath -m "$PACK")
+if [[ -n $PACK && $PACK == "$OUTDIR" ]]; then
   echo "run.sh: --pack needs a folder other than OUTDIR (e.g. OUTDIR .gpu/out, --pack \"\$OUT\")" >&2
   exit 2
 fi
+cd "$REPO" || exit 1
 ((DRY)) || mkdir -p "$OUTDIR" || exit 1
 GPU_DIR=$REPO/.gpu
 STATE=$GPU_DIR/state
@@ -284,7 +286,8 @@ phase_bench() {  # $2: speed or extra
        --max-seconds "$budget" --out "$OUTDIR/bench-$which.md"
   local rc=$?
   ((DRY)) && return 0
-  NOTE="bench-$which.md: $(grep -ac 'MISSED' "$OUTDIR/bench-$which.md" 2>/dev/null || echo no) MISSED target rows"
+  local missed; missed=$(grep -ac '| MISSED' "$OUTDIR/bench-$which.md" 2>/dev/null)
+  NOTE="bench-$which.md: ${missed:-no table,} $(grep -ac '| met' "$OUTDIR/bench-$which.md" 2>/dev/null) rows met a target, ${missed:-?} MISSED"
   grep -aq "time budget" "$OUTDIR/bench-$which.md" 2>/dev/null && NOTE="$NOTE; time budget ran out (skipped cells)"
   return "$rc"
 }
@@ -420,7 +423,8 @@ phase_anomaly() {
     NOTE="epoch $epoch/$epochs when the time ran out; the same phase again resumes from $out/checkpoint.pt"
     return 3
   fi
-  NOTE="failed at epoch $epoch/$epochs (exit status $rc)"
+  NOTE="failed at epoch $epoch/$epochs (exit status $rc; see anomaly.log and anomaly-background.log)"
+  ((rc == 0)) && return 1  # a detached run that ended without its results
   return "$rc"
 }
 
@@ -483,7 +487,7 @@ run_phase() {
   fi
   log=$OUTDIR/$phase.log
   ((DRY)) && log=/dev/null
-  if ((limit < 30 && !DRY)); then
+  if [[ -n $BUDGET ]] && ((limit < 30 && !DRY)); then
     line="- $phase: SKIPPED — ${limit}s left of --budget $BUDGET"
     echo "$line"; echo "$line" >>"$SUMMARY"
     return 1

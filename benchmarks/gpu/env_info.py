@@ -5,6 +5,7 @@ build, and the backend torch's F.scaled_dot_product_attention picks by default.
 
 Needs only torch; attnlab's line says so when it is not installed."""
 
+import importlib.metadata
 import platform
 import sys
 from pathlib import Path
@@ -19,6 +20,14 @@ def main():
     print(f"python {platform.python_version()} ({sys.executable})")
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}")
+    packages = []
+    for name in ("numpy", "tqdm", "matplotlib", "pytest", "hypothesis", "expecttest",
+                 "scikit-build-core", "pybind11", "cmake", "ninja"):
+        try:
+            packages.append(f"{name} {importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            packages.append(f"{name} MISSING")
+    print("packages:", ", ".join(packages))
     try:
         import attnlab
         print(f"attnlab {attnlab.__version__} at {Path(attnlab.__file__).parent}: "

@@ -40,6 +40,7 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                   checkpoint (split into parts below 16 MiB)
   --python PY     interpreter (default: $PYTHON or python3)
 
+The experiments and anomaly phases call `python3 -m attnlab ... --device cuda`.
 Phase time limits (seconds) come from TIMEOUT_<PHASE> (e.g. TIMEOUT_ANOMALY=300,
 TIMEOUT_BENCH_SPEED=400); defaults keep each phase under 10 minutes.
 State that later runs reuse lives in .gpu/ of the checkout (ignored by git): .gpu/data (the

@@ -1,18 +1,32 @@
 """attnlab: fast, correct attention cores in C++ for PyTorch, with the attention maps in view."""
 
+import os
+
 import torch  # noqa: F401  (loads libtorch before the extension that links against it)
 
-from . import _C, _ops  # noqa: F401  (_C registers torch.ops.attnlab; _ops their fake kernels)
-from . import nn
-from .functional import scaled_dot_product_attention
+from ._compat import load_core
+
+_C = load_core()  # registers torch.ops.attnlab; a torch it does not fit is named in one line
+from . import _ops  # noqa: E402  (fake kernels of the operators _C registered)
+from . import interpret, nn  # noqa: E402
+from .functional import scaled_dot_product_attention  # noqa: E402
 
 __version__ = _C.build_info()["version"]
 
 
 def build_info() -> dict:
     """How this attnlab was built: ``version``, ``torch`` (the version compiled against),
-    ``cuda`` (whether CUDA kernels are compiled in) and ``cuda_archs``."""
+    ``torch_loaded`` (the torch this process runs), ``cuda`` (whether CUDA kernels are compiled
+    in), ``cuda_archs`` and ``openmp``."""
     return _C.build_info()
 
 
-__all__ = ["nn", "scaled_dot_product_attention", "build_info", "__version__"]
+def cmake_prefix_path() -> str:
+    """The folder to add to CMake's ``CMAKE_PREFIX_PATH`` so that ``find_package(attnlab)``
+    finds the installed C++ API (headers, ``libattnlab.so`` and the ``attnlab::attnlab``
+    target), as ``torch.utils.cmake_prefix_path`` does for torch."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", "cmake")
+
+
+__all__ = ["nn", "interpret", "scaled_dot_product_attention", "build_info", "cmake_prefix_path",
+           "__version__"]

@@ -23,11 +23,14 @@ def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weig
 
 @torch.library.register_fake("attnlab::_sdpa_backward")
 def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale, output,
-                        logsumexp, weights=None, grad_mask=False):
+                        logsumexp, weights=None, grad_mask=False, grad_weights=False):
     grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
                       else query.new_empty((0,)))
+    # dP = grad_output @ value^T at the output's batch shape, in the inputs' dtype.
+    grad_w = (query.new_empty((*_batch_shape(query, key, value), query.shape[-2], key.shape[-2]))
+              if grad_weights else query.new_empty((0,)))
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
-            grad_attn_mask)
+            grad_attn_mask, grad_w)
 
 
 @torch.library.register_fake("attnlab::_additive_scores_forward")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import build_info
+from . import build_info, cmake_prefix_path
 from .functional import scaled_dot_product_attention
 
 
@@ -146,6 +146,18 @@ def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
     return parser
 
 
+class PrintAndExit(argparse.Action):
+    """A flag that prints ``printed()`` and exits, like ``--version``."""
+
+    def __init__(self, option_strings, dest, printed, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+        self.printed = printed
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(self.printed())
+        parser.exit(0)
+
+
 class OneLineErrorParser(argparse.ArgumentParser):
     """Usage errors as one line on stderr, exit status 2; the subcommands' parsers inherit it."""
 
@@ -157,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="python -m attnlab",
         description="attnlab: attention cores for PyTorch, and experiments that show the maps.")
+    parser.add_argument("--version", action="version",
+                        version=f"attnlab {build_info()['version']} (built against torch "
+                        f"{build_info()['torch']}, CUDA kernels: {build_info()['cuda']})")
+    parser.add_argument("--cmake-prefix-path", action=PrintAndExit, printed=cmake_prefix_path,
+                        help="print the folder to add to CMAKE_PREFIX_PATH for "
+                        "find_package(attnlab) in a C++ project, and exit")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     demo = commands.add_parser("demo", help="print attention outputs and weights of small examples")
     demo.add_argument("--length", type=int, default=3, help="sequence length (default 3)")

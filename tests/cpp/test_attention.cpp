@@ -132,4 +132,19 @@ TEST(BuildInfo, NamesTorchVersion) {
   EXPECT_FALSE(attnlab::build_info().torch_version.empty());
 }
 
+// The tests run with the torch they were built against: the loaded one is found and matches.
+TEST(BuildInfo, FindsTheLoadedTorch) {
+  EXPECT_EQ(attnlab::loaded_torch_version(), attnlab::build_info().torch_version);
+  EXPECT_EQ(attnlab::torch_version_problem(), "");
+}
+
+TEST(BuildInfo, TorchVersionsCompatibleByRelease) {
+  EXPECT_TRUE(attnlab::torch_versions_compatible("2.15.0+cu132", "2.15.0+cpu"));
+  EXPECT_TRUE(attnlab::torch_versions_compatible("2.15.0", "2.15.0a0+git1234"));
+  EXPECT_TRUE(attnlab::torch_versions_compatible("2.15.0", ""));  // unknown: not refused
+  EXPECT_FALSE(attnlab::torch_versions_compatible("2.15.0+cu132", "2.16.0+cu132"));
+  EXPECT_FALSE(attnlab::torch_versions_compatible("2.15.0", "2.15.1"));
+  EXPECT_FALSE(attnlab::torch_versions_compatible("2.15.0", "12.15.0"));
+}
+
 }  // namespace

@@ -100,15 +100,20 @@ def test_random_case_gradients_match_reference(seed, need_weights):
     inputs = {name: case[name].detach().requires_grad_() for name in ("query", "key", "value")}
     output, _ = attnlab.scaled_dot_product_attention(**{**case, **inputs},
                                                      need_weights=need_weights)
-    grad_output = torch.randn_like(output)
+    # Seeded: the same upstream gradient whatever ran before (a re-run sees the same case).
+    grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(seed))
     grads = torch.autograd.grad(output, list(inputs.values()), grad_output)
 
     ref_inputs = {name: t.detach().double().requires_grad_() for name, t in inputs.items()}
     ref_output, _ = reference.attention(**{**case, **ref_inputs})
     ref_grads = torch.autograd.grad(ref_output, list(ref_inputs.values()), grad_output.double())
+    # A gradient that is exactly 0 in the reference (one key: the softmax is constant) is a
+    # difference of terms as large as the others in float32: its error is relative to them.
+    magnitude = max(1.0, max(float(ref.abs().max()) for ref in ref_grads if ref.numel()))
     for name, grad, ref in zip(inputs, grads, ref_grads):
         assert grad.shape == inputs[name].shape, name
-        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5 * magnitude,
+                                   msg=name)
 
 
 @pytest.mark.parametrize("is_causal", [False, True])

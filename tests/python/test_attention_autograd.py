@@ -104,6 +104,10 @@ def test_opcheck_forward_and_backward_operators(case):
                               (*backward_args, None, True))
     if case["need_weights"]:
         torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default, (*backward_args, weights))
+    # grad_weights: dP = grad_output·valueᵀ as a fifth result (attnlab.interpret's recorder).
+    torch.library.opcheck(torch.ops.attnlab._sdpa_backward.default,
+                          (*backward_args, weights if case["need_weights"] else None,
+                           case["mask"] == "float", True))
 
 
 def test_torch_compile_fullgraph_matches_eager():

@@ -10,6 +10,8 @@ def test_build_info_names_the_torch_it_was_built_against():
     assert isinstance(info["cuda_archs"], list)
     assert info["cuda"] == bool(info["cuda_archs"])
     assert attnlab.__version__ == info["version"]
+    # Read by the C++ library from the folder libtorch_cpu was loaded from.
+    assert info["torch_loaded"] == torch.__version__
 
 
 def test_kernels_share_torchs_openmp_threads():

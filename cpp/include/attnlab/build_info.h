@@ -13,4 +13,19 @@ struct BuildInfo {
 
 BuildInfo build_info();
 
+// The version of the torch library this process has loaded ("2.15.0+cpu"), read from the
+// folder that libtorch_cpu was loaded from (a pip install's torch/version.py or a LibTorch
+// archive's build-version file); empty when neither is there.
+std::string loaded_torch_version();
+
+// Whether a library compiled against torch `built` can run with torch `loaded`: the same
+// release (major.minor.patch; local suffixes such as +cpu or +cu132 aside). An empty `loaded`
+// (unknown) counts as compatible.
+bool torch_versions_compatible(const std::string& built, const std::string& loaded);
+
+// Empty when the loaded torch is compatible with the one attnlab was compiled against;
+// otherwise a one-line message naming both versions and how to rebuild. libattnlab prints it
+// to stderr once when it is loaded.
+std::string torch_version_problem();
+
 }  // namespace attnlab

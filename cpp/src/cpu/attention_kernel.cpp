@@ -127,7 +127,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
-                        T* grad_key, T* grad_value, T* grad_mask) {
+                        T* grad_key, T* grad_value, T* grad_mask, T* grad_weights) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
   std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
   std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
@@ -173,6 +173,13 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
         T* dv = grad_value + (b * p.len_k + j0) * Ev;
         // Under the causal mask, queries before j0 see none of these keys.
         const int64_t i_start = p.causal ? (j0 / kBackwardQueryBlock) * kBackwardQueryBlock : 0;
+        if (grad_weights && i_start > 0 && p.len_q > 0) {
+          // dP of the hidden pairs, which the loop below skips: nothing else needs them.
+          const int64_t rows = std::min(i_start, p.len_q);
+          gemm(false, true, rows, cols, Ev, T(1), grad_output.row(b, 0), grad_output.row_stride,
+               p.value.row(b, j0), p.value.row_stride, T(0),
+               grad_weights + b * p.len_q * p.len_k + j0, p.len_k);
+        }
         for (int64_t i0 = i_start; i0 < p.len_q; i0 += kBackwardQueryBlock) {
           const int64_t rows = std::min(kBackwardQueryBlock, p.len_q - i0);
           const T* q = p.query.row(b, i0);
@@ -196,6 +203,12 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           // dP = dO_i·V_jᵀ, then dS = P ⊙ (dP − delta)
           gemm(false, true, rows, cols, Ev, T(1), dout, grad_output.row_stride,
                p.value.row(b, j0), p.value.row_stride, T(0), dprobs.data(), ld);
+          if (grad_weights) {
+            T* gw = grad_weights + (b * p.len_q + i0) * p.len_k + j0;
+            for (int64_t r = 0; r < rows; ++r) {
+              std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + cols, gw + r * p.len_k);
+            }
+          }
           softmax_grad_block(probs_ij, ld_probs, dprobs.data(), ld, rows, cols,
                              delta.data() + b * p.len_q + i0);
           if (grad_mask) {
@@ -229,10 +242,11 @@ template void attention_forward<double>(const AttentionProblem<double>&, double*
                                         double*);
 template void attention_backward<float>(const AttentionProblem<float>&,
                                         const BatchedRows<float>&, const float*, const float*,
-                                        const float*, float*, float*, float*, float*);
+                                        const float*, float*, float*, float*, float*,
+                                        float*);
 template void attention_backward<double>(const AttentionProblem<double>&,
                                          const BatchedRows<double>&, const double*,
                                          const double*, const double*, double*, double*,
-                                         double*, double*);
+                                         double*, double*, double*);
 
 }  // namespace attnlab::cpu

@@ -37,10 +37,12 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
 // grad_value [batch, len_k, dim_v]; grad_mask, when not null, [batch, len_q, len_k] (the
 // gradient of the scores, which an additive mask receives unchanged). output and logsumexp are
 // the forward's; weights, when not null, are its normalized weights [batch, len_q, len_k],
-// used instead of recomputing them.
+// used instead of recomputing them. grad_weights, when not null, receives the gradient with
+// respect to the weights taken as free variables, dP = grad_output·valueᵀ [batch, len_q,
+// len_k], at every position: masked ones and those the causal mask hides included.
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
-                        T* grad_key, T* grad_value, T* grad_mask);
+                        T* grad_key, T* grad_value, T* grad_mask, T* grad_weights);
 
 }  // namespace attnlab::cpu

@@ -370,7 +370,7 @@ void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x
   T* grad_k = buffers.take(n * e);
   T* grad_v = buffers.take(n * e);
   attention_backward(heads.problem, grad_heads, output_heads, a.lse, static_cast<const T*>(nullptr),
-                     grad_q, grad_k, grad_v, static_cast<T*>(nullptr));
+                     grad_q, grad_k, grad_v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
   // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
   for_each_head_row(s, 3 * e, 3 * hd, [&](int64_t head_row, int64_t token_row) {
     T* dst = grad_qkv + token_row;

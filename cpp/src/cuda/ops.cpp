@@ -186,11 +186,11 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
   return {output, lse, weights};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask) {
+    bool grad_mask, bool grad_weights) {
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
@@ -239,8 +239,17 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   });
   // Inputs that were broadcast receive the sum over the broadcast dimensions.
   if (mask_grad) grad_m = grad_m.sum_to_size(attn_mask->sizes()).to(attn_mask->scalar_type());
+  // dP = grad_output·valueᵀ at every position, in float32, at the output's batch shape (the
+  // kernels keep their dP blocks in shared memory; one batched GEMM writes them out instead).
+  Tensor grad_w = grad_weights
+                      ? at::matmul(grad_output.to(at::kFloat),
+                                   value.to(at::kFloat).transpose(-2, -1))
+                            .expand(with_tail(batch_shape, {len_q, len_k}))
+                            .to(query.scalar_type())
+                            .contiguous()
+                      : at::empty({0}, options);
   return {grad_q.sum_to_size(query.sizes()), grad_k.sum_to_size(key.sizes()),
-          grad_v.sum_to_size(value.sizes()), grad_m};
+          grad_v.sum_to_size(value.sizes()), grad_m, grad_w};
 }
 
 Tensor additive_scores_forward_cuda(const Tensor& query_proj, const Tensor& key_proj,

@@ -106,11 +106,14 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
   return {output, lse, weights};
 }
 
-std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
+// grad_weights: also return dP = grad_output·valueᵀ [..., L_q, L_k] at the output's batch
+// shape (the gradient with respect to the weights as free variables, at every position); an
+// empty tensor otherwise.
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask) {
+    bool grad_mask, bool grad_weights) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
@@ -128,6 +131,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
               "gradient");
   Tensor grad_m = mask_grad ? at::empty(with_tail(batch, {len_q, len_k}), options)
                             : at::empty({0}, options);
+  Tensor grad_w = grad_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
+                               : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_backward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     std::vector<int64_t> grad_offsets;
@@ -138,13 +143,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
         logsumexp.contiguous().data_ptr<scalar_t>(),
         probs.defined() ? probs.data_ptr<scalar_t>() : nullptr, grad_q.data_ptr<scalar_t>(),
         grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>(),
-        mask_grad ? grad_m.data_ptr<scalar_t>() : nullptr);
+        mask_grad ? grad_m.data_ptr<scalar_t>() : nullptr,
+        grad_weights ? grad_w.data_ptr<scalar_t>() : nullptr);
   });
   // Inputs that were broadcast (over batch dimensions, or a mask over queries) receive the sum
   // over the broadcast dimensions.
   if (mask_grad) grad_m = grad_m.sum_to_size(attn_mask->sizes()).to(attn_mask->scalar_type());
   return {grad_q.sum_to_size(query.sizes()), grad_k.sum_to_size(key.sizes()),
-          grad_v.sum_to_size(value.sizes()), grad_m};
+          grad_v.sum_to_size(value.sizes()), grad_m, grad_w};
 }
 
 c10::TypedOperatorHandle<decltype(sdpa_forward_cpu)> forward_op() {
@@ -195,10 +201,10 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     };
     // Edges exist for tensor inputs only: the mask is the fourth when it was given.
     const bool mask_grad = saved[5].defined() && ctx->needs_input_grad(3);
-    auto [dq, dk, dv, dmask] = backward_op().call(
+    auto [dq, dk, dv, dmask, dweights] = backward_op().call(
         grad_output, saved[0], saved[1], saved[2], optional(saved[5]),
         ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toOptional<double>(),
-        saved[3], saved[4], optional(saved[6]), mask_grad);
+        saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false);
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
@@ -245,8 +251,9 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp, "
-      "Tensor? weights=None, bool grad_mask=False) "
-      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
+      "Tensor? weights=None, bool grad_mask=False, bool grad_weights=False) "
+      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask, "
+      "Tensor grad_weights)");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {

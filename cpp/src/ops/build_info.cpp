@@ -1,5 +1,15 @@
 #include "attnlab/build_info.h"
 
+#include <dlfcn.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <regex>
+#include <sstream>
+
+#include <ATen/Parallel.h>
+
 namespace attnlab {
 
 BuildInfo build_info() {
@@ -15,5 +25,76 @@ BuildInfo build_info() {
 #endif
   return info;
 }
+
+namespace {
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+// "2.15.0" of "2.15.0+cu132", "2.16.0.dev20260101" or "2.15.0a0+git123"; empty if none.
+std::string release_of(const std::string& version) {
+  static const std::regex release(R"(^\s*(\d+\.\d+\.\d+))");
+  std::smatch match;
+  return std::regex_search(version, match, release) ? match[1].str() : std::string();
+}
+
+}  // namespace
+
+std::string loaded_torch_version() {
+  Dl_info where{};
+  // A function defined in libtorch_cpu: its address lies in the library the loader chose.
+  if (dladdr(reinterpret_cast<void*>(&at::get_num_threads), &where) == 0 ||
+      where.dli_fname == nullptr)
+    return "";
+  std::error_code error;
+  const auto lib_dir = std::filesystem::path(where.dli_fname).parent_path();
+  const auto root = lib_dir.parent_path();
+  // pip: site-packages/torch/{lib/libtorch_cpu.so, version.py}
+  const auto version_py = root / "version.py";
+  if (std::filesystem::exists(version_py, error)) {
+    static const std::regex line(R"(__version__\s*=\s*['"]([^'"]+)['"])");
+    std::smatch match;
+    const std::string text = read_file(version_py);
+    if (std::regex_search(text, match, line)) return match[1].str();
+  }
+  // LibTorch archive: libtorch/{lib/libtorch_cpu.so, build-version}
+  const auto build_version = root / "build-version";
+  if (std::filesystem::exists(build_version, error)) {
+    std::string text = read_file(build_version);
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    return text;
+  }
+  return "";
+}
+
+bool torch_versions_compatible(const std::string& built, const std::string& loaded) {
+  if (loaded.empty()) return true;
+  return release_of(built) == release_of(loaded);
+}
+
+std::string torch_version_problem() {
+  const std::string built = ATTNLAB_TORCH_VERSION;
+  const std::string loaded = loaded_torch_version();
+  if (torch_versions_compatible(built, loaded)) return "";
+  return "attnlab " ATTNLAB_VERSION " was built against torch " + built +
+         " but this process loaded torch " + loaded +
+         "; rebuild attnlab against this torch (pip install --no-build-isolation "
+         "--force-reinstall --no-deps <attnlab source folder>) or use torch " +
+         release_of(built);
+}
+
+namespace {
+// Checked when libattnlab is loaded, by a C++ program or by Python: a mismatch is named at
+// once, before an operator fails in some less readable way.
+[[maybe_unused]] const bool kTorchChecked = [] {
+  const std::string problem = torch_version_problem();
+  if (!problem.empty()) std::cerr << problem << std::endl;
+  return problem.empty();
+}();
+}  // namespace
 
 }  // namespace attnlab

@@ -5,8 +5,16 @@
 
 #include <c10/util/Exception.h>
 
+#include "attnlab/build_info.h"
+
 namespace attnlab::checks {
 namespace {
+
+// A torch other than the one attnlab was compiled against: refuse, naming both versions.
+void torch_compatible(const char* op) {
+  static const std::string problem = torch_version_problem();
+  TORCH_CHECK(problem.empty(), op, ": ", problem);
+}
 
 constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
 constexpr const char* kOp = "attnlab.additive_scores";
@@ -60,6 +68,7 @@ void mask_kind(const char* op, const std::optional<at::Tensor>& attn_mask,
 
 void sdpa_kinds(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                 const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  torch_compatible(kSdpa);
   floating_input(query, "query");
   floating_input(key, "key");
   floating_input(value, "value");
@@ -157,6 +166,7 @@ void sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& outpu
 
 void additive_scores_kinds(const at::Tensor& query_proj, const at::Tensor& key_proj,
                            const at::Tensor& weight) {
+  torch_compatible(kOp);
   for (const auto& [t, name, rank] : {std::tuple{&query_proj, "query_proj", 3},
                                       std::tuple{&key_proj, "key_proj", 3},
                                       std::tuple{&weight, "weight", 1}}) {
@@ -206,6 +216,7 @@ constexpr const char* kBlockParams[] = {"qkv_weight", "qkv_bias",     "out_weigh
 
 void encoder_block_kinds(const at::Tensor& x, at::TensorList params,
                          const std::optional<at::Tensor>& attn_mask) {
+  torch_compatible(kBlock);
   TORCH_CHECK(x.defined(), kBlock, ": x is an undefined tensor");
   TORCH_CHECK(x.dim() == 3, kBlock, ": x must have shape [batch, length, dim], got shape ",
               shape_str(x.sizes()));

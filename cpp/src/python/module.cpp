@@ -24,6 +24,7 @@ PYBIND11_MODULE(_C, m) {
     }
     d["cuda_archs"] = archs;
     d["openmp"] = info.openmp;
+    d["torch_loaded"] = attnlab::loaded_torch_version();
     return d;
   });
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..functional import is_recording
 from .multihead import MultiheadAttention, _heads_mask, load_torch_multihead_attention
 
 
@@ -15,7 +16,8 @@ class EncoderBlock(nn.Module):
 
     On the CPU, whenever dropout is inactive (p = 0, or eval mode), the whole block runs as one
     fused operator, ``torch.ops.attnlab.encoder_block``, forward and backward; otherwise it
-    runs module by module."""
+    runs module by module. Inside ``attnlab.interpret.record()`` it always runs module by
+    module, so that the recorder sees its attention call."""
 
     def __init__(self, input_dim: int, num_heads: int, dim_feedforward: int,
                  dropout: float = 0.0, norm_first: bool = False):
@@ -50,13 +52,15 @@ class EncoderBlock(nn.Module):
 
     def _fusable(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
         """Whether the fused operator computes exactly this forward: on the CPU in float32 or
-        float64, with dropout inactive and no mask that wants a gradient."""
+        float64, with dropout inactive, no mask that wants a gradient, and no attention
+        recorder active (the fused operator computes attention internally)."""
         dropout_active = self.training and (self.dropout.p > 0 or self.linear_net[1].p > 0)
         return (x.device.type == "cpu" and x.dim() == 3
                 and x.dtype in (torch.float32, torch.float64)
                 and x.shape[-1] == self.self_attn.input_dim
                 and x.dtype == self.self_attn.qkv_proj.weight.dtype
-                and not dropout_active and (mask is None or not mask.requires_grad))
+                and not dropout_active and (mask is None or not mask.requires_grad)
+                and not is_recording())
 
     def _fused_parameters(self):
         attn, ff = self.self_attn, self.linear_net

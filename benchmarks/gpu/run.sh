@@ -198,6 +198,7 @@ phase_build() {
     NOTE="installed the wheel already built from these sources ($(basename "$wheel"))"
   else
     NOTE="built $hash"
+    WHEEL_BUILT=1
     ((DRY)) || { rm -f "$WHEEL_DIR"/attnlab-*.whl "$WHEEL_DIR/SOURCE_HASH"; mkdir -p "$WHEEL_DIR"; }
     # pip wheel + install = pip install --no-build-isolation -v . (same build/ folder, so
     # rebuilds on the same machine are incremental), keeping the wheel for later calls.
@@ -450,7 +451,7 @@ pack_results() {
   tar -czf "$GPU_DIR/results.tar.gz" -C "$(dirname "$OUTDIR")" "$(basename "$OUTDIR")"
   pack_file "$GPU_DIR/results.tar.gz" results.tar.gz
   local wheel; wheel=$(compgen -G "$WHEEL_DIR/attnlab-*.whl" | head -n 1)
-  if [[ -n $wheel ]] && selected build; then
+  if [[ -n $wheel ]] && ((WHEEL_BUILT)); then  # a wheel that came with the checkout stays out
     pack_file "$wheel" "$(basename "$wheel")"
     cp "$WHEEL_DIR/SOURCE_HASH" "$PACK/SOURCE_HASH"
   fi
@@ -475,6 +476,7 @@ else
   { echo; echo "## $(date -u '+%Y-%m-%d %H:%M UTC'): ${SELECTED[*]}$( ((QUICK)) && echo ' (quick)')"; } >>"$SUMMARY"
 fi
 PACK_RESERVE=20  # seconds kept for --pack at the end of a --budget
+WHEEL_BUILT=0
 
 # run_phase NAME: runs one phase within its limit (and what --budget leaves), appends its line
 # to summary.md; returns 1 when it failed or timed out.

@@ -5,6 +5,7 @@ import statistics
 import subprocess
 
 import torch
+import torch.nn.functional as F
 from torch.utils.benchmark import Timer
 
 
@@ -57,3 +58,33 @@ def markdown_table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+# Which private aten operator F.scaled_dot_product_attention ran, by the profiler's event names
+# (the first match wins: the CPU flash operator's name contains the CUDA one's).
+BACKEND_OPERATORS = [
+    ("_scaled_dot_product_flash_attention_for_cpu", "flash (CPU)"),
+    ("_scaled_dot_product_flash_attention", "flash"),
+    ("_scaled_dot_product_efficient_attention", "efficient"),
+    ("_scaled_dot_product_cudnn_attention", "cudnn"),
+    ("_scaled_dot_product_fused_attention_overrideable", "overrideable"),
+    ("_scaled_dot_product_attention_math", "math"),
+]
+
+
+def default_backend(q, k, v, is_causal=False) -> str:
+    """The backend F.scaled_dot_product_attention picks by default for these inputs, read from
+    the aten operator the profiler sees it call."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+    names = {event.name for event in prof.events()}
+    return classify_backend(names)
+
+
+def classify_backend(operator_names) -> str:
+    """The backend named by a set of profiler event names ("unknown" when none matches)."""
+    for fragment, backend in BACKEND_OPERATORS:
+        if any(fragment in name for name in operator_names):
+            return backend
+    return "unknown"

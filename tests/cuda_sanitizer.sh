@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # compute-sanitizer memcheck and racecheck over a small subset of the CUDA tests. Needs a GPU
 # and an installed attnlab built with CUDA; PYTHON selects the interpreter (default python3).
+# SANITIZER_TOOLS picks the tools (default "memcheck racecheck"); SANITIZER_ARGS adds options
+# to every compute-sanitizer call (e.g. "--kernel-name kns=attnlab": only attnlab's kernels).
+# pytest runs verbosely, so the log names every test the sanitizer watched and its outcome.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 # The CUDA toolkit's bin/ is often not on PATH.
 default_sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 sanitizer=${COMPUTE_SANITIZER:-$default_sanitizer}
+read -r -a tools <<<"${SANITIZER_TOOLS:-memcheck racecheck}"
+read -r -a extra <<<"${SANITIZER_ARGS:-}"
 # small_problems covers every kernel: generic (all head-size families) and tensor-core.
-subset=(tests/python/test_attention_cuda.py -p no:cacheprovider
+subset=(tests/python/test_attention_cuda.py -p no:cacheprovider -v -rs
         -k "small_problems or fully_masked or many_batch_dimensions")
 # Without the caching allocator every tensor is its own allocation, so memcheck sees
 # out-of-bounds accesses that would otherwise land inside a cached block.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
-for tool in memcheck racecheck; do
-  echo "== compute-sanitizer --tool $tool"
-  "$sanitizer" --tool "$tool" --error-exitcode 1 "$python" -m pytest -q "${subset[@]}"
+"$sanitizer" --version | tail -n 1
+for tool in "${tools[@]}"; do
+  echo "== compute-sanitizer --tool $tool ${extra[*]}"
+  "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" "$python" -m pytest "${subset[@]}"
 done

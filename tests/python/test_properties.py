@@ -77,15 +77,18 @@ class Case:
 
 
 @st.composite
-def attention_cases(draw):
+def attention_cases(draw, dtypes=(torch.float32, torch.float64), head_sizes=(1, 8, 16, 64),
+                    max_dim=70, max_dim_v=40):
+    """A Case: head sizes drawn from ``head_sizes`` or 1..``max_dim`` (value: the same, or
+    1..``max_dim_v``), inputs of a dtype from ``dtypes``; masks float32/float64 or bool."""
     batch = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
     len_q, len_k = draw(lengths()), draw(lengths())
     if math.prod(batch) * len_q * len_k > 20_000:  # keep one example's float64 reference cheap
         batch = batch[-1:] if batch else ()
         batch = (1,) * len(batch)
-    dim = draw(st.one_of(st.sampled_from([1, 8, 16, 64]), st.integers(1, 70)))
-    dim_v = draw(st.one_of(st.just(dim), st.integers(1, 40)))
-    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    dim = draw(st.one_of(st.sampled_from(list(head_sizes)), st.integers(1, max_dim)))
+    dim_v = draw(st.one_of(st.just(dim), st.integers(1, max_dim_v)))
+    dtype = draw(st.sampled_from(list(dtypes)))
     seed = draw(st.integers(0, 2**32 - 1))
     gen = torch.Generator().manual_seed(seed)
 

@@ -1,0 +1,347 @@
+"""Property-based comparison (hypothesis) of the CUDA attention operator with the CPU operator.
+
+The cases are test_properties' (lengths 1 to 600, L_q ≠ L_k, E_v ≠ E, up to three leading batch
+dimensions that broadcast, boolean and float masks with -inf entries broadcast along any
+dimension, causal, scales in [-3, 3], transposed, sliced, row-strided and expanded inputs),
+with head sizes up to 256 (every kernel family: 32, 64, 128, 256 and the sizes around them).
+Each input is rebuilt on the GPU with the same strides and storage offset as on the CPU, so the
+kernels read the same non-contiguous layouts. need_weights is drawn; gradients of query, key,
+value and a float mask are compared too.
+
+- float32: the CUDA operator against the float64 reference is at most 1e-5 (relative to the
+  largest reference entry, at least 1) plus twice the CPU float32 operator's own error.
+- float16 / bfloat16: the CUDA operator against the CPU float32 operator (on the same rounded
+  inputs) is at most twice torch's own error at that precision against the float64 reference
+  (F.scaled_dot_product_attention for outputs and gradients, matmul → softmax for the weights).
+
+2,000 examples in the default run (ATTNLAB_CUDA_FUZZ_EXAMPLES changes that), 10 times as many
+in the `slow` run. Without a GPU those tests skip ("no CUDA device"); the same checks then run a
+few derandomized examples on the CPU (the CPU float32 operator standing in for the kernels,
+its results rounded for half precision), so the generators and comparisons stay exercised.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import attnlab
+import reference
+from test_properties import attention_cases, largest, upstream_gradient
+
+HALF_DTYPES = [torch.float16, torch.bfloat16]
+FLOAT32_TOLERANCE = 1e-5
+HALF_SLACK = 1e-5  # an absolute floor, far below half precision's rounding (≥ 4.9e-4)
+EXAMPLES = int(os.environ.get("ATTNLAB_CUDA_FUZZ_EXAMPLES", "2000"))
+FLOAT32_EXAMPLES = max(1, EXAMPLES * 3 // 5)
+HALF_EXAMPLES = max(1, EXAMPLES - FLOAT32_EXAMPLES)
+SLOW_FACTOR = 10
+CPU_EXAMPLES = 12  # per test, without a GPU
+
+# Head sizes around every kernel family's edge, drawn half of the time; else any of 1..256.
+HEAD_SIZES = (1, 7, 31, 32, 33, 63, 64, 65, 96, 127, 128, 129, 200, 255, 256)
+cuda_cases = attention_cases(dtypes=(torch.float32,), head_sizes=HEAD_SIZES, max_dim=256,
+                             max_dim_v=256)
+
+requires_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+on_cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
+                                 reason="the GPU runs the full property tests instead")
+
+
+def fuzz(strategy, examples, **extra):
+    """The settings every property here shares."""
+    def decorate(check):
+        return settings(max_examples=examples, deadline=None, database=None,
+                        suppress_health_check=[HealthCheck.too_slow,
+                                               HealthCheck.data_too_large], **extra)(
+            given(strategy)(check))
+    return decorate
+
+
+# ---- helpers --------------------------------------------------------------------------------
+
+
+def like_on(t, device, dtype=None):
+    """t's values on device (as dtype) with t's strides and storage offset; dimensions t
+    broadcasts with stride 0 stay broadcast."""
+    if t is None:
+        return None
+    dtype = dtype or t.dtype
+    one = t[tuple(slice(0, 1) if stride == 0 else slice(None) for stride in t.stride())]
+    if one.numel() == 0:
+        return torch.empty(t.shape, device=device, dtype=dtype)
+    span = 1 + sum((n - 1) * s for n, s in zip(one.shape, one.stride()))
+    buffer = torch.zeros(one.storage_offset() + span, device=device, dtype=dtype)
+    out = buffer.as_strided(one.shape, one.stride(), one.storage_offset())
+    out.copy_(one)
+    return out.expand(t.shape)
+
+
+def relative_error(result, expected, magnitude=None):
+    """Largest absolute error relative to `magnitude` (default: the largest expected entry),
+    at least 1."""
+    expected = expected.detach().double().cpu()
+    if expected.numel() == 0:
+        return 0.0
+    result = result.detach().double().cpu()
+    assert result.shape == expected.shape, \
+        f"shape {list(result.shape)}, expected {list(expected.shape)}"
+    scale = max(1.0, largest([expected]) if magnitude is None else magnitude)
+    return (result - expected).abs().max().item() / scale
+
+
+def blocked_rows(ref_weights, batch_shape):
+    """[*batch, L_q]: True where the reference's weights are all zero (every key masked)."""
+    weights = ref_weights.expand(*batch_shape, *ref_weights.shape[-2:])
+    return weights.sum(-1) == 0
+
+
+def with_grad(tensors):
+    return [None if t is None else t.detach().requires_grad_() for t in tensors]
+
+
+def differentiable_mask(mask):
+    return mask is not None and mask.is_floating_point()
+
+
+def operator_run(query, key, value, mask, is_causal, scale, need_weights, grad_output):
+    """attnlab's output, weights and gradients (query, key, value, and a float mask's)."""
+    q, k, v = with_grad([query, key, value])
+    m = with_grad([mask])[0] if differentiable_mask(mask) else mask
+    output, weights = attnlab.scaled_dot_product_attention(q, k, v, m, is_causal, scale,
+                                                           need_weights=need_weights)
+    inputs = [q, k, v] + ([m] if differentiable_mask(mask) else [])
+    grads = torch.autograd.grad(output, inputs, grad_output.to(output.device, output.dtype))
+    return output, weights, grads
+
+
+def upstream(case, query, key, value, mask, dtype=torch.float32):
+    """The upstream gradient at the output's shape (the batch dimensions of query, key, value
+    and the mask broadcast), drawn from the case's seed and rounded to dtype."""
+    batch = torch.broadcast_shapes(query.shape[:-2], key.shape[:-2], value.shape[:-2],
+                                   () if mask is None else mask.shape[:-2])
+    like = torch.empty(*batch, query.shape[-2], value.shape[-1])
+    return upstream_gradient(like, case.seed).to(dtype)
+
+
+def reference_run(query, key, value, mask, is_causal, scale, grad_output):
+    """The float64 reference's output, weights and gradients."""
+    q, k, v = (t.detach().double().requires_grad_() for t in (query, key, value))
+    m = mask.detach().double().requires_grad_() if differentiable_mask(mask) else mask
+    output, weights = reference.attention(q, k, v, m, is_causal, scale)
+    inputs = [q, k, v] + ([m] if differentiable_mask(mask) else [])
+    grads = torch.autograd.grad(output, inputs, grad_output.double())
+    return output.detach(), weights.detach(), grads
+
+
+GRAD_NAMES = ["query", "key", "value", "attn_mask"]
+
+
+# ---- float32: CUDA against the CPU operator --------------------------------------------------
+
+
+def check_float32(case, need_weights, device):
+    grad_output = upstream(case, case.query, case.key, case.value, case.attn_mask)
+    args = (case.attn_mask, case.is_causal, case.scale)
+    gpu = [like_on(t, device) for t in (case.query, case.key, case.value, case.attn_mask)]
+    out, weights, grads = operator_run(*gpu[:3], gpu[3], *args[1:], need_weights, grad_output)
+    cpu_out, cpu_weights, cpu_grads = operator_run(case.query, case.key, case.value, *args,
+                                                   need_weights, grad_output)
+    ref_out, ref_weights, ref_grads = reference_run(case.query, case.key, case.value, *args,
+                                                    grad_output)
+
+    assert out.device.type == torch.device(device).type and out.dtype == torch.float32
+    assert out.shape == ref_out.shape
+
+    def compare(what, ours, cpu, ref, magnitude=None):
+        err, cpu_err = (relative_error(t, ref, magnitude) for t in (ours, cpu))
+        assert err <= FLOAT32_TOLERANCE + 2 * cpu_err, \
+            f"{what}: CUDA error {err:.2e}, CPU float32 error {cpu_err:.2e}"
+
+    compare("output", out, cpu_out, ref_out)
+    blocked = blocked_rows(ref_weights, out.shape[:-2])
+    assert not out.detach().cpu()[blocked].any(), "rows with every key masked must be zero"
+    if need_weights:
+        assert weights.shape == (*out.shape[:-1], case.key.shape[-2])
+        compare("weights", weights, cpu_weights, ref_weights.expand(weights.shape))
+    else:
+        assert weights is None
+    # A saturated softmax gives a key gradient near 0 made of cancelling terms as large as the
+    # other gradients: errors are relative to the largest gradient.
+    magnitude = largest(ref_grads)
+    for name, grad, cpu_grad, ref_grad in zip(GRAD_NAMES, grads, cpu_grads, ref_grads):
+        assert grad.shape == ref_grad.shape, name
+        compare(f"gradient of {name}", grad, cpu_grad, ref_grad, magnitude)
+
+
+@requires_gpu
+@fuzz(st.tuples(cuda_cases, st.booleans()), FLOAT32_EXAMPLES)
+def test_float32_cuda_matches_cpu_operator(drawn):
+    check_float32(*drawn, "cuda")
+
+
+@requires_gpu
+@pytest.mark.slow
+@fuzz(st.tuples(cuda_cases, st.booleans()), FLOAT32_EXAMPLES * SLOW_FACTOR)
+def test_float32_cuda_matches_cpu_operator_slow(drawn):
+    check_float32(*drawn, "cuda")
+
+
+@on_cpu_only
+@fuzz(st.tuples(cuda_cases, st.booleans()), CPU_EXAMPLES, derandomize=True)
+def test_float32_checks_run_on_cpu(drawn):
+    check_float32(*drawn, "cpu")
+
+
+# ---- float16 / bfloat16: CUDA against the CPU operator, bounded by torch's own error ---------
+
+
+def torch_baseline(q, k, v, mask, is_causal, scale, blocked, grad_output):
+    """torch's F.scaled_dot_product_attention at the inputs' precision, as a user would call
+    it: every input broadcast to the full batch shape and flattened to [N, 1, L, E], the causal
+    mask folded into attn_mask (torch takes one or the other). Rows with every key masked
+    (NaN in torch) attend everywhere instead and get a zero upstream gradient, so that they
+    neither count nor spread NaN into the key and value gradients. Returns the output and the
+    gradients of q, k, v and a float mask."""
+    batch = blocked.shape[:-1]
+    len_q, len_k = q.shape[-2], k.shape[-2]
+    leaves = with_grad([q, k, v]) + ([with_grad([mask])[0]] if differentiable_mask(mask) else [])
+
+    def flat(t, rows, cols):
+        return t.expand(*batch, rows, cols).reshape(-1, 1, rows, cols)
+
+    allowed = torch.ones(len_q, len_k, dtype=torch.bool, device=q.device)
+    if is_causal:
+        allowed = allowed.tril()
+    open_rows = blocked[..., None].to(q.device)
+    if mask is None or mask.dtype == torch.bool:
+        combined = allowed if mask is None else mask & allowed
+        combined = combined.expand(*batch, len_q, len_k) | open_rows
+    else:
+        combined = leaves[3].masked_fill(~allowed, -math.inf).expand(*batch, len_q, len_k)
+        combined = torch.where(open_rows, torch.zeros((), dtype=combined.dtype,
+                                                      device=q.device), combined)
+    output = F.scaled_dot_product_attention(
+        flat(leaves[0], len_q, q.shape[-1]), flat(leaves[1], len_k, k.shape[-1]),
+        flat(leaves[2], len_k, v.shape[-1]), attn_mask=flat(combined, len_q, len_k), scale=scale)
+    output = output.reshape(*batch, len_q, v.shape[-1])
+    grad = grad_output.to(output.device).masked_fill(open_rows, 0)
+    return output.detach(), torch.autograd.grad(output, leaves, grad)
+
+
+def plain_weights(q, k, mask, is_causal, scale):
+    """matmul → softmax at the inputs' precision (the weights torch users compute)."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = q @ k.transpose(-2, -1) * scale
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask
+    if is_causal:
+        allowed = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~allowed, -math.inf)
+    return torch.nan_to_num(scores.softmax(-1), nan=0.0)
+
+
+def check_half(case, need_weights, dtype, device):
+    # Every implementation sees the same values: the inputs (and a float mask) rounded to dtype.
+    def rounded(t):
+        return None if t is None or t.dtype == torch.bool else t.to(dtype).to(t.dtype)
+    query, key, value = (rounded(t) for t in (case.query, case.key, case.value))
+    mask = case.attn_mask if case.attn_mask is None or case.attn_mask.dtype == torch.bool \
+        else rounded(case.attn_mask)
+    grad_output = upstream(case, query, key, value, mask, dtype)
+    ref_out, ref_weights, ref_grads = reference_run(query, key, value, mask, case.is_causal,
+                                                    case.scale, grad_output)
+    cpu_out, cpu_weights, cpu_grads = operator_run(query, key, value, mask, case.is_causal,
+                                                   case.scale, need_weights, grad_output.float())
+
+    if device == "cpu":  # the CPU float32 operator, rounded, stands in for the kernels
+        out, weights = cpu_out.to(dtype), cpu_weights
+        weights = None if weights is None else weights.to(dtype)
+        grads = [g.to(dtype if i < 3 else g.dtype) for i, g in enumerate(cpu_grads)]
+    else:
+        gpu_mask = None if mask is None else like_on(mask, device)
+        out, weights, grads = operator_run(
+            *(like_on(t, device, dtype) for t in (case.query, case.key, case.value)),
+            gpu_mask, case.is_causal, case.scale, need_weights, grad_output)
+        assert out.is_cuda
+
+    assert out.dtype == dtype and out.shape == ref_out.shape
+    blocked = blocked_rows(ref_weights, ref_out.shape[:-2])
+    on_device = [t.to(device, dtype) for t in (query, key, value)]
+    torch_mask = None if mask is None else mask.to(device, dtype if mask.is_floating_point()
+                                                   else torch.bool)
+    torch_out, torch_grads = torch_baseline(*on_device, torch_mask, case.is_causal, case.scale,
+                                            blocked, grad_output.to(device))
+
+    def compare(what, ours, cpu, theirs, ref, magnitude=None):
+        err = relative_error(ours, cpu, magnitude)
+        torch_err = relative_error(theirs, ref, magnitude)
+        assert err <= 2 * torch_err + HALF_SLACK, \
+            f"{what} ({dtype}): error {err:.2e} against the CPU operator, torch's {torch_err:.2e}"
+
+    compare("output", out, cpu_out, torch_out.cpu().masked_fill(blocked[..., None], 0), ref_out)
+    assert not out.detach().cpu()[blocked].any(), "rows with every key masked must be zero"
+    if need_weights:
+        assert weights.dtype == dtype and weights.shape == (*out.shape[:-1], key.shape[-2])
+        theirs = plain_weights(on_device[0], on_device[1], torch_mask, case.is_causal,
+                               case.scale)
+        compare("weights", weights, cpu_weights, theirs.expand(weights.shape),
+                ref_weights.expand(weights.shape))
+    magnitude = largest(ref_grads)
+    for name, grad, cpu_grad, torch_grad, ref_grad in zip(GRAD_NAMES, grads, cpu_grads,
+                                                          torch_grads, ref_grads):
+        assert grad.shape == ref_grad.shape, name
+        compare(f"gradient of {name}", grad, cpu_grad, torch_grad, ref_grad, magnitude)
+
+
+half_cases = st.tuples(cuda_cases, st.booleans(), st.sampled_from(HALF_DTYPES))
+
+
+@requires_gpu
+@fuzz(half_cases, HALF_EXAMPLES)
+def test_half_precision_cuda_within_twice_torchs_error(drawn):
+    check_half(*drawn, "cuda")
+
+
+@requires_gpu
+@pytest.mark.slow
+@fuzz(half_cases, HALF_EXAMPLES * SLOW_FACTOR)
+def test_half_precision_cuda_within_twice_torchs_error_slow(drawn):
+    check_half(*drawn, "cuda")
+
+
+@on_cpu_only
+@fuzz(half_cases, CPU_EXAMPLES, derandomize=True)
+def test_half_precision_checks_run_on_cpu(drawn):
+    check_half(*drawn, "cpu")
+
+
+# ---- the helpers themselves ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: t,
+    lambda t: t.transpose(-2, -1),
+    lambda t: t[..., 1:4],
+    lambda t: t[:, ::2],
+    lambda t: t[:1].expand(3, 4, 5),
+    lambda t: t[:, :0],
+], ids=["contiguous", "transposed", "sliced", "strided", "expanded", "empty"])
+def test_like_on_keeps_values_strides_and_offset(make):
+    t = make(torch.randn(3, 4, 5))
+    copy = like_on(t, "cpu", torch.float64)
+    assert copy.dtype == torch.float64 and torch.equal(copy, t.double())
+    if t.numel():
+        assert copy.stride() == t.stride() and copy.storage_offset() == t.storage_offset()
+        assert copy.data_ptr() != t.data_ptr()
+
+
+def test_relative_error_is_scaled_by_the_largest_entry_at_least_one():
+    expected = torch.tensor([4.0, -2.0])
+    assert relative_error(torch.tensor([4.0, -1.0]), expected) == 0.25
+    assert relative_error(torch.tensor([0.1, 0.0]), torch.tensor([0.2, 0.0])) == pytest.approx(0.1)
+    assert relative_error(torch.tensor([4.0, -1.0]), expected, magnitude=10.0) == 0.1

@@ -255,7 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="open on the head view (one layer and head) or the model view "
                       "(layers × heads); default head")
     view.add_argument("--layer", type=int, default=0, help="layer to show first (from 0)")
-    view.add_argument("--head", type=lambda v: v if v == "all" else int(v), default=0,
+    def head(value):
+        return value if value == "all" else int(value)
+
+    view.add_argument("--head", type=head, default=0,
                       help="head to show first (from 0), or all (default 0)")
     view.add_argument("--batch", type=int, help="keep only this example of the batch")
     view.add_argument("--mode", choices=("auto", "lines", "heatmap"), default="auto",

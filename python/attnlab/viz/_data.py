@@ -69,10 +69,11 @@ def _check_maps(maps) -> list[torch.Tensor]:
     return tensors
 
 
-def _check_tokens(tokens, name: str, length: int, batch: int, length_name: str) -> list[list[str]]:
+def _check_tokens(tokens, name: str, length: int, batch: int, what: str) -> list[list[str]]:
     """One list of strings for every batch entry (a flat list applies to all of them)."""
     if isinstance(tokens, str) or not isinstance(tokens, Sequence):
-        raise TypeError(f"{name} must be a list of strings (one per {length_name}), or one such "
+        one = "query" if what == "queries" else "key"
+        raise TypeError(f"{name} must be a list of strings (one per {one}), or one such "
                         f"list per batch entry; got {type(tokens).__name__}")
     nested = len(tokens) > 0 and all(isinstance(t, (list, tuple)) for t in tokens)
     per_entry = [list(t) for t in tokens] if nested else [list(tokens)] * batch
@@ -83,7 +84,7 @@ def _check_tokens(tokens, name: str, length: int, batch: int, length_name: str) 
         where = f"{name}[{b}]" if nested else name
         if len(entry) != length:
             raise ValueError(f"{where} has {len(entry)} tokens but the maps have {length} "
-                             f"{length_name}s")
+                             f"{what}")
         for i, token in enumerate(entry):
             if not isinstance(token, str):
                 raise TypeError(f"{where}[{i}] must be a str, got {type(token).__name__} "
@@ -142,14 +143,14 @@ def prepare(maps, tokens, key_tokens=None, *, batch=None, layers=None, heads=Non
     batch_size, head_count, queries, keys = tensors[0].shape
     if tokens is None:
         raise TypeError("tokens is required: a list of strings, one per query position")
-    query_tokens = _check_tokens(tokens, "tokens", queries, batch_size, "query")
+    query_tokens = _check_tokens(tokens, "tokens", queries, batch_size, "queries")
     if key_tokens is None:
         if keys != queries:
             raise ValueError(f"the maps have {queries} queries but {keys} keys "
                              "(cross-attention): pass key_tokens as well")
         key_list, cross = query_tokens, False
     else:
-        key_list, cross = _check_tokens(key_tokens, "key_tokens", keys, batch_size, "key"), True
+        key_list, cross = _check_tokens(key_tokens, "key_tokens", keys, batch_size, "keys"), True
     kept_batch = _indices(batch, batch_size, "batch")
     kept_layers = _indices(layers, len(tensors), "layers")
     kept_heads = _indices(heads, head_count, "heads")

@@ -1,7 +1,7 @@
 // attnlab attention viewer: a head view (token-to-token lines, or a heat map for long inputs)
 // and a model view (a layers × heads grid of thumbnails). Plain JavaScript, no libraries, no
-// network. attnlab.viz inlines this file into the page together with the data, which sits in
-// <script type="application/json" id="attnlab-data"> (see attnlab/viz/html.py for its fields).
+// network. attnlab.viz inlines this file into the page together with the data, a JSON block
+// with the id "attnlab-data" (see attnlab/viz/html.py for its fields).
 (function () {
   "use strict";
 
@@ -439,6 +439,8 @@
       context.restore();
     }
     wrap.append(canvas, overlay);
+    // Where the cells are (CSS px within the canvas), for anyone scripting the page.
+    Object.assign(overlay.dataset, {left: left, top: top, cellWidth: cw, cellHeight: ch});
     const which = state.head < 0 ? "mean of all heads" : "head " + spec.heads[state.head];
     const caption = element("div", "attnlab-caption",
                             `layer ${spec.layers[state.layer]}, ${which}: queries down (${Q}), ` +

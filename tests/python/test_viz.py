@@ -316,14 +316,16 @@ def test_head_view_figure_draws_one_line_collection_per_shown_head():
     (lines,) = fig.axes[0].collections
     segments = lines.get_segments()
     weights = maps[1][1, 2].double()
-    strong = int((weights / weights.max() >= 1 / 512).sum())
+    strong = int((weights >= 1 / 512).sum())
     assert len(segments) == strong
-    # Line from query q (x = 0, y = −q) to key k (x = 1, y = −k), opacity weight / max.
+    # Line from query q (x = 0, y = −q) to key k (x = 1, y = −k), opacity its weight.
     alphas = lines.get_colors()[:, 3]
     for (start, end), alpha in zip(segments, alphas):
         q, k = int(-start[1]), int(-end[1])
         assert (start[0], end[0]) == (0, 1)
-        assert alpha == pytest.approx(float(weights[q, k] / weights.max()), rel=1e-5)
+        assert alpha == pytest.approx(float(weights[q, k]), rel=1e-5)
+    scaled = static.head_view_figure((maps[0] * 4,), tokens_for(5))  # weights up to 4
+    assert scaled.axes[0].collections[0].get_colors()[:, 3].max() == pytest.approx(1.0)
     assert fig.axes[0].get_title() == "layer 1, head 2"
     texts = {t.get_text() for t in fig.axes[0].texts}
     assert set(tokens_for(5)) <= texts

@@ -36,8 +36,8 @@ def head_view_figure(maps, tokens, key_tokens=None, *, batch: int = 0, layer: in
                      figsize: tuple[float, float] | None = None) -> Figure:
     """One layer's attention for one batch entry: ``head`` (an index, or ``"all"`` for every
     head overlaid in its colour) drawn as lines from the query tokens (left) to the key
-    tokens (right), each line's opacity its weight relative to the largest weight of the
-    layer, or, with ``mode="heatmap"`` (``"auto"``: above ``threshold`` tokens), as a
+    tokens (right), each line's opacity its weight (maps with weights above 1 are scaled by
+    their largest), or, with ``mode="heatmap"`` (``"auto"``: above ``threshold`` tokens), as a
     queries × keys image (query 0 at the top; ``"all"`` shows the mean of the heads) with a
     colour bar. Returns a Figure with one axes (lines) or two (heat map and colour bar)."""
     if mode not in MODES:
@@ -78,7 +78,7 @@ def head_view_figure(maps, tokens, key_tokens=None, *, batch: int = 0, layer: in
         figsize = (5.5, 0.24 * rows + 1.0)
     fig = Figure(figsize=figsize, layout="constrained")
     ax = fig.subplots()
-    scale = float(weights.max()) or 1.0
+    scale = max(1.0, float(weights.max()))  # opacity = weight; larger maps scaled to fit
     palette = head_colours(maps[0].shape[1])  # a head keeps its colour whatever is shown
     colours = [palette[h] for h in data.heads]
     overlay = weights.shape[0] > 1
@@ -137,7 +137,7 @@ def model_view_figure(maps, tokens=None, key_tokens=None, *, batch: int = 0, lay
         for h, head_name in enumerate(data.heads):
             ax = axes[l][h]
             ax.imshow(weights[l, h], cmap="viridis", vmin=0, interpolation="nearest",
-                      aspect="auto")
+                      aspect="equal" if queries == keys else "auto")
             ax.set_xticks([])
             ax.set_yticks([])
             if l == 0:

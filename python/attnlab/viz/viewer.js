@@ -10,6 +10,9 @@
   const HEAT_SIZE = 720;     // the heat map aims at this many pixels along its longer side
   const LEVELS = 64;         // line opacities are drawn in this many batches
   const LABEL_CHARS = 18;    // longer tokens are cut in canvas labels
+  const LINE_BUDGET = 12000; // lines drawn at most in the overview of the line diagram
+  const MIN_WEIGHT = 1 / 512; // lighter lines would not show
+  const MAX_CANVAS = 32000;  // browsers refuse canvases much taller than 2^15 pixels
 
   const root = document.getElementById("attnlab-viz");
   let spec, values, units;
@@ -123,7 +126,7 @@
   // ---- canvases -----------------------------------------------------------------------
 
   function sizeCanvas(canvas, width, height) {
-    const ratio = window.devicePixelRatio || 1;
+    const ratio = Math.min(window.devicePixelRatio || 1, MAX_CANVAS / Math.max(width, height));
     canvas.width = Math.max(1, Math.round(width * ratio));
     canvas.height = Math.max(1, Math.round(height * ratio));
     canvas.style.width = width + "px";
@@ -213,6 +216,11 @@
       state.mode = i ? "heatmap" : "lines"; state.hover = state.pinned = null; render();
     });
     ui.mode.wrap.classList.add("attnlab-mode");
+    if (!linesFit()) {  // too tall a canvas: heat maps only
+      const option = ui.mode.box.options[0];
+      option.disabled = true;
+      option.textContent = `lines (up to ${Math.floor(MAX_CANVAS / ROW)} tokens)`;
+    }
     bar.append(ui.layer.wrap, ui.head.wrap, ui.mode.wrap);
     ui.swatches = element("div", "attnlab-swatches");
     spec.heads.forEach((h, i) => {
@@ -226,6 +234,10 @@
     });
     bar.append(ui.swatches);
     return bar;
+  }
+
+  function linesFit() {
+    return Math.max(spec.shape[3], spec.shape[4]) * ROW <= MAX_CANVAS;
   }
 
   function syncControls() {
@@ -257,8 +269,8 @@
       info("Each thumbnail is one head's map (queries down, keys across, scaled to its own " +
            "maximum). Click one to open it in the head view.");
     } else if (state.mode === "lines") {
-      info("Hover over a token to see where it looks (left: queries) or what looks at it " +
-           "(right: keys); click to pin, Esc to release.");
+      info((ui.lineNote || "") + "Hover over a token to see where it looks (left: queries) " +
+           "or what looks at it (right: keys); click to pin, Esc to release.");
     } else {
       info("Rows are queries, columns keys. Hover over a cell to read its weight; click to " +
            "pin, Esc to release.");
@@ -320,6 +332,33 @@
     drawLines();
   }
 
+  // The weight below which lines are left out of the overview so that at most LINE_BUDGET
+  // are drawn (a canvas strokes some 10^4 lines in a fraction of a second, 10^5 in seconds),
+  // and how many lines that leaves out. The strongest links are the ones kept.
+  function lineThreshold(heads, norm) {
+    const BINS = 1024;
+    const counts = new Uint32Array(BINS + 1);
+    let total = 0;
+    for (const h of heads) {
+      const {q: m, unit} = mapOf(state.batch, state.layer, h);
+      const factor = unit * norm * BINS;
+      for (let i = 0; i < m.length; i++) {
+        const bin = Math.min(BINS, Math.floor(m[i] * factor));
+        counts[bin]++;
+      }
+    }
+    const floor = Math.ceil(BINS * MIN_WEIGHT);
+    let visible = 0;
+    for (let bin = 0; bin <= BINS; bin++) {
+      total += counts[bin];
+      if (bin >= floor) visible += counts[bin];
+    }
+    if (visible <= LINE_BUDGET) return {threshold: MIN_WEIGHT, kept: visible, total: visible};
+    let kept = 0, bin = BINS;
+    while (bin > floor && kept + counts[bin] <= LINE_BUDGET) kept += counts[bin--];
+    return {threshold: (bin + 1) / BINS, kept: kept, total: total};
+  }
+
   function drawLines() {
     const [, , , Q, K] = spec.shape;
     const context = ui.lineCanvas.getContext("2d");
@@ -327,12 +366,33 @@
     const focus = state.pinned || state.hover;
     const heads = shownHeads();
     const overlay = heads.length > 1;
-    // Weights are drawn as opacities relative to the largest weight embedded (1 for maps
-    // whose rows peak at 1), so heads, layers and examples compare on one scale.
-    const norm = 1 / spec.scale;
+    // A line's opacity is its weight (attention weights lie in [0, 1]; maps with larger
+    // values are scaled by their largest), so heads, layers and examples compare on one scale
+    // and a head that spreads its attention evenly looks faint.
+    // A focused token's own lines are drawn relative to its strongest one instead, so that
+    // where it looks stays visible even when it looks everywhere a little (the info line
+    // gives the weights themselves).
     const qs = focus && focus.side === "q" ? [focus.index] : null;
     const ks = focus && focus.side === "k" ? [focus.index] : null;
-    context.lineWidth = overlay ? 1.5 : 2;
+    let norm = 1 / Math.max(1, spec.scale);
+    if (focus) {
+      let strongest = 0;
+      for (const h of heads) {
+        const count = qs ? K : Q;
+        for (let j = 0; j < count; j++) {
+          strongest = Math.max(strongest, qs ? weight(h, qs[0], j) : weight(h, j, ks[0]));
+        }
+      }
+      norm = strongest > 0 ? 1 / strongest : 1;
+    }
+    const limit = focus ? {threshold: MIN_WEIGHT, kept: 0, total: 0} : lineThreshold(heads, norm);
+    ui.lineNote = limit.kept < limit.total
+      ? `Showing the ${limit.kept.toLocaleString("en")} strongest of the ` +
+        `${limit.total.toLocaleString("en")} links (weights from ${limit.threshold.toFixed(4)}` +
+        `). `
+      : "";
+    // Thin lines when there are many: a canvas strokes one-pixel lines far faster.
+    context.lineWidth = focus ? 2 : limit.kept > 2000 ? 1 : overlay ? 1.5 : 2;
     heads.forEach((h, position) => {
       // Overlaid heads are drawn a little apart, so lines to the same token stay visible.
       const shift = overlay ? (position - (heads.length - 1) / 2) *
@@ -343,12 +403,11 @@
       const rowsToDraw = qs || Array.from({length: Q}, (_, q) => q);
       for (const q of rowsToDraw) {
         const y0 = q * ROW + ROW / 2 + shift;
-        const colsToDraw = ks || null;
-        const count = colsToDraw ? colsToDraw.length : K;
+        const count = ks ? 1 : K;
         for (let c = 0; c < count; c++) {
-          const k = colsToDraw ? colsToDraw[c] : c;
+          const k = ks ? ks[0] : c;
           const w = m[q * K + k] * unit * norm;
-          if (w < 1 / 512) continue;  // would not show
+          if (w < limit.threshold) continue;
           const level = Math.min(LEVELS - 1, Math.floor(w * LEVELS));
           paths[level].moveTo(0, y0);
           paths[level].lineTo(LINE_WIDTH, k * ROW + ROW / 2 + shift);
@@ -377,17 +436,20 @@
     const own = focus.side === "q" ? ui.queryColumn : ui.keyColumn;
     const other = focus.side === "q" ? ui.keyColumn : ui.queryColumn;
     own.children[focus.index].classList.add(state.pinned ? "attnlab-pinned" : "attnlab-focus");
-    const [r, g, b] = heads.length === 1 ? rgb(spec.head_colours[heads[0]]) : [60, 60, 60];
+    const [r, g, b] = heads.length === 1 ? rgb(spec.head_colours[heads[0]]) : [110, 110, 110];
     const weights = [];
     for (let j = 0; j < other.children.length; j++) {
       let w = 0;
       for (const h of heads) {
         w += focus.side === "q" ? weight(h, focus.index, j) : weight(h, j, focus.index);
       }
-      w /= heads.length;
-      weights.push([w, j]);
+      weights.push([w / heads.length, j]);
+    }
+    // The other side's tokens are shaded by their weight relative to the largest one.
+    const largest = Math.max(...weights.map(([w]) => w)) || 1;
+    for (const [w, j] of weights) {
       other.children[j].style.backgroundColor =
-        `rgba(${r},${g},${b},${Math.min(1, 0.85 * w / spec.scale).toFixed(3)})`;
+        `rgba(${r},${g},${b},${(0.55 * w / largest).toFixed(3)})`;
     }
     weights.sort((a, b) => b[0] - a[0]);
     const tokens = focus.side === "q" ? keyTokens() : queryTokens();
@@ -564,7 +626,7 @@
     }
     const s = spec.start;
     Object.assign(state, {view: s.view, batch: s.batch, layer: s.layer, head: s.head,
-                          mode: s.mode});
+                          mode: s.mode === "lines" && !linesFit() ? "heatmap" : s.mode});
     root.replaceChildren();
     if (spec.title) root.append(element("h1", "attnlab-title", spec.title));
     root.append(buildControls());

@@ -79,8 +79,8 @@ class Page:
         self.load_seconds = time.perf_counter() - started
 
     def check_clean(self):
-        assert self.errors == []
-        assert self.blocked == [] and self.requests == [self.url]
+        assert self.errors == [], self.errors
+        assert self.blocked == [] and self.requests == [self.url], (self.blocked, self.requests)
 
     def state(self, frame=None):
         return (frame or self.page).locator("#attnlab-viz").get_attribute("data-state")
@@ -333,7 +333,8 @@ def test_a_dense_overlay_keeps_its_strongest_links(browser, tmp_path):
 def test_hostile_tokens_are_shown_as_text_and_never_run(browser, tmp_path):
     hostile = ['</script><img src=x onerror="window.pwned=1">', "<svg onload=alert(1)>",
                "<b>bold</b>", "&lt;&amp;", '"\'`', "<!--", "\u2028", "</style><style>*{}"]
-    maps = (torch.rand(1, 1, len(hostile), len(hostile)).softmax(-1),)
+    generator = torch.Generator().manual_seed(2)
+    maps = (torch.rand(1, 1, len(hostile), len(hostile), generator=generator).softmax(-1),)
     page = Page(browser, write(tmp_path, viz.head_view(maps, hostile,
                                                        title='<img src=x onerror="pwned=2">')))
     assert page.state() == "ready"
@@ -347,6 +348,26 @@ def test_hostile_tokens_are_shown_as_text_and_never_run(browser, tmp_path):
     page.page.hover(".attnlab-q .attnlab-token >> nth=0")
     assert hostile[0][:17] in page.info()  # cut to 18 characters with "…"
     page.check_clean()
+
+
+def test_blank_and_whitespace_tokens_stay_visible(browser, tmp_path):
+    tokens = ["", " ", "\n", "a b", "\t "]
+    maps = (torch.rand(1, 1, 5, 5).softmax(-1),)
+    page = Page(browser, write(tmp_path, viz.head_view(maps, tokens)))
+    texts = page.page.locator(".attnlab-q .attnlab-token").all_inner_texts()
+    assert texts == ["∅", "␣", "↵", "a b", "⇥␣"]
+    page.check_clean()
+
+
+def test_a_damaged_page_says_so_instead_of_staying_blank(browser, tmp_path):
+    page_text = viz.head_view(shifted_maps(layers=1, batch=1), [str(i) for i in range(12)]).html
+    data = re.search(r'"data":"([^"]*)"', page_text).group(1)
+    path = tmp_path / "damaged.html"
+    path.write_text(page_text.replace(data, data[:len(data) // 2]), encoding="utf-8")
+    page = Page(browser, path)
+    assert page.state() == "error"
+    assert "attnlab viewer:" in page.page.locator(".attnlab-error").inner_text()
+    assert len(page.errors) == 1 and page.errors[0].startswith("console.error")
 
 
 def test_cross_attention_has_separate_query_and_key_tokens(browser, tmp_path, shots):

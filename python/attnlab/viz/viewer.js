@@ -50,10 +50,12 @@
     }
     const [B, L, H, Q, K] = spec.shape;
     const count = B * L * H * Q * K;
-    const array = spec.bits === 16 ? new Uint16Array(bytes.buffer, bytes.byteOffset, count)
-                                   : new Uint8Array(bytes.buffer, bytes.byteOffset, count);
-    if (bytes.byteLength < count * (spec.bits / 8)) throw new Error("the embedded maps are truncated");
-    values = array;
+    if (bytes.byteLength !== count * (spec.bits / 8)) {
+      throw new Error(`the embedded maps hold ${bytes.byteLength} bytes, ` +
+                      `not ${count * spec.bits / 8}`);
+    }
+    values = spec.bits === 16 ? new Uint16Array(bytes.buffer, bytes.byteOffset, count)
+                              : new Uint8Array(bytes.buffer, bytes.byteOffset, count);
     const top = spec.bits === 16 ? 65535 : 255;
     units = Float64Array.from(spec.scales, (s) => s / top);
   }
@@ -104,7 +106,8 @@
   function shown(token) {  // empty and all-whitespace tokens stay visible
     if (token === "") return "∅";
     if (token.trim() !== "") return token;
-    return token.replace(/ /g, "␣").replace(/\n/g, "↵").replace(/\t/g, "⇥").replace(/\r/g, "␍");
+    const symbols = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"};
+    return token.replace(/[ \n\t\r]/g, (c) => symbols[c]);
   }
 
   function format(x) {  // as many digits as the stored precision carries
@@ -455,7 +458,8 @@
     const tokens = focus.side === "q" ? keyTokens() : queryTokens();
     const me = (focus.side === "q" ? queryTokens() : keyTokens())[focus.index];
     const which = heads.length === 1 ? "head " + spec.heads[heads[0]] : "mean of all heads";
-    const top = weights.slice(0, 5).map(([w, j]) => `${clip(shown(tokens[j]))} (${j}) ${format(w)}`);
+    const top = weights.slice(0, 5)
+      .map(([w, j]) => `${clip(shown(tokens[j]))} (${j}) ${format(w)}`);
     info((focus.side === "q" ? `query ${focus.index} “${clip(shown(me))}” looks at: `
                              : `key ${focus.index} “${clip(shown(me))}” is looked at by: `) +
          top.join(", ") + ` — ${which}${state.pinned ? " (pinned)" : ""}`);
@@ -469,7 +473,8 @@
     const ch = Math.max(1, Math.min(24, Math.floor(HEAT_SIZE / Q)));
     const probe = document.createElement("canvas").getContext("2d");
     probe.font = "12px sans-serif";
-    const widest = (tokens) => Math.max(0, ...tokens.map((t) => probe.measureText(clip(shown(t))).width));
+    const widest = (tokens) => tokens.reduce(
+      (most, t) => Math.max(most, probe.measureText(clip(shown(t))).width), 0);
     const rowLabels = ch >= 10, colLabels = cw >= 10;
     const left = rowLabels ? Math.ceil(widest(queryTokens())) + 10 : 8;
     const top = colLabels ? Math.ceil(widest(keyTokens())) + 10 : 8;
@@ -490,14 +495,18 @@
     if (rowLabels) {
       context.textAlign = "right";
       context.textBaseline = "middle";
-      queryTokens().forEach((t, q) => context.fillText(clip(shown(t)), left - 5, top + q * ch + ch / 2));
+      queryTokens().forEach((t, q) => {
+        context.fillText(clip(shown(t)), left - 5, top + q * ch + ch / 2);
+      });
     }
     if (colLabels) {
       context.save();
       context.textAlign = "left";
       context.textBaseline = "middle";
       context.rotate(-Math.PI / 2);
-      keyTokens().forEach((t, k) => context.fillText(clip(shown(t)), -(top - 5), left + k * cw + cw / 2));
+      keyTokens().forEach((t, k) => {
+        context.fillText(clip(shown(t)), -(top - 5), left + k * cw + cw / 2);
+      });
       context.restore();
     }
     wrap.append(canvas, overlay);
@@ -557,7 +566,9 @@
   function renderModel(stage) {
     const [, L, H, Q, K] = spec.shape;
     const side = H <= 4 ? 140 : H <= 8 ? 104 : H <= 12 ? 80 : 60;
-    const tw = Q >= K ? Math.round(side * K / Q) : side, th = Q >= K ? side : Math.round(side * Q / K);
+    // Thumbnails keep the map's shape: the longer side gets `side` pixels.
+    const tw = Q >= K ? Math.round(side * K / Q) : side;
+    const th = Q >= K ? side : Math.round(side * Q / K);
     const grid = element("div", "attnlab-grid");
     grid.style.gridTemplateColumns = `auto repeat(${H}, ${Math.max(tw, 24)}px)`;
     grid.append(element("div"));
@@ -582,8 +593,8 @@
         context.drawImage(mapImage(floats, Q, K, max), 0, 0, tw, th);
         if (l === state.layer && h === state.head) thumb.classList.add("attnlab-current");
         thumb.addEventListener("mouseenter", () => {
-          info(`layer ${layerName}, head ${headName}: largest weight ${format(max)}. Click to open ` +
-               "it in the head view.");
+          info(`layer ${layerName}, head ${headName}: largest weight ${format(max)}. ` +
+               "Click to open it in the head view.");
         });
         thumb.addEventListener("mouseleave", defaultInfo);
         thumb.addEventListener("click", () => {

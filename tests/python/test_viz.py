@@ -171,7 +171,7 @@ def test_long_inputs_over_max_values_are_refused_with_the_ways_out():
 
 
 def test_hugging_face_output_attentions_go_in_unchanged():
-    transformers = pytest.importorskip("transformers")
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
     config = transformers.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3,
                                      num_attention_heads=4, intermediate_size=64,
                                      attn_implementation="eager")
@@ -334,6 +334,13 @@ def test_head_view_figure_draws_one_line_collection_per_shown_head():
     overlay = static.head_view_figure(maps, tokens_for(5), head="all")
     assert len(overlay.axes[0].collections) == 3
     assert len(overlay.axes[0].get_legend().get_texts()) == 3
+
+
+def test_figure_labels_keep_tokens_on_one_line_and_visible():
+    tokens = ["", "  ", "a\nb", "tab\there", "x" * 30]
+    fig = static.head_view_figure((torch.full((1, 1, 5, 5), 0.2),), tokens, mode="heatmap")
+    labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+    assert labels == ["∅", "␣␣", "a↵b", "tab⇥here", "x" * 17 + "…"]
 
 
 def test_head_view_figure_heat_map_shows_the_map_or_the_mean_of_the_heads():

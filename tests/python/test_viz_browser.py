@@ -342,7 +342,7 @@ def test_hostile_tokens_are_shown_as_text_and_never_run(browser, tmp_path):
     assert page.page.locator("#attnlab-viz img, #attnlab-viz svg, #attnlab-viz b").count() == 0
     texts = page.page.locator(".attnlab-q .attnlab-token").evaluate_all(
         "cells => cells.map(c => c.textContent)")
-    assert texts == hostile
+    assert texts == [t.replace("\u2028", "␤") for t in hostile]  # a line break, shown
     assert page.page.locator("h1.attnlab-title").inner_text() == '<img src=x onerror="pwned=2">'
     assert page.page.title() == '<img src=x onerror="pwned=2">'
     page.page.hover(".attnlab-q .attnlab-token >> nth=0")
@@ -350,12 +350,20 @@ def test_hostile_tokens_are_shown_as_text_and_never_run(browser, tmp_path):
     page.check_clean()
 
 
-def test_blank_and_whitespace_tokens_stay_visible(browser, tmp_path):
-    tokens = ["", " ", "\n", "a b", "\t "]
-    maps = (torch.rand(1, 1, 5, 5).softmax(-1),)
+def test_blank_whitespace_and_multi_line_tokens_stay_visible_on_one_line(browser, tmp_path):
+    tokens = ["", " ", "\n", "a b", "\t ", "x\ny", "p\u2028q", "bell\x07"]
+    maps = (torch.eye(8)[None, None] * 0.9 + 0.1 / 8,)
     page = Page(browser, write(tmp_path, viz.head_view(maps, tokens)))
-    texts = page.page.locator(".attnlab-q .attnlab-token").all_inner_texts()
-    assert texts == ["∅", "␣", "↵", "a b", "⇥␣"]
+    cells = page.page.locator(".attnlab-q .attnlab-token")
+    assert cells.all_inner_texts() == ["∅", "␣", "↵", "a b", "⇥␣", "x↵y", "p␤q", "bell␇"]
+    # Hovering changes the info line's text, never its height (nothing below may move).
+    info = page.page.locator(".attnlab-info")
+    heights = {info.bounding_box()["height"]}
+    for i in range(8):
+        cells.nth(i).hover()
+        heights.add(info.bounding_box()["height"])
+        assert f"query {i} " in page.info()
+    assert len(heights) == 1
     page.check_clean()
 
 

@@ -175,9 +175,9 @@ def _view(start_view: str, maps, tokens, key_tokens, *, batch, layer, head, laye
 _VIEW_DOC = """
     ``maps`` is what a Hugging Face model returns with ``output_attentions=True``: a tuple (or
     list) with one tensor (or numpy array) of shape ``[batch, heads, queries, keys]`` per
-    layer. ``tokens`` names the query positions: one list of strings for every batch entry,
-    or a list of such lists, one per batch entry; ``key_tokens`` names the keys when they
-    differ from the queries (cross-attention, where queries ≠ keys is allowed).
+    layer. ``tokens`` names the query positions: a list of strings (for every batch entry),
+    or a list of such lists, one per batch entry; ``key_tokens`` names the keys in the same
+    way when they differ from the queries (cross-attention; queries ≠ keys is allowed).
 
     Layers, heads and batch entries are numbered from 0 as in ``maps[layer][batch, head]``.
     ``batch``, ``layers`` and ``heads`` (an index or a list; default all) choose what the page

@@ -25,9 +25,20 @@ def _one(value, name: str, allow_all: bool = False):
     return int(value)
 
 
+_SYMBOLS = {"\n": "↵", "\t": "⇥", "\r": "␍", "\u2028": "␤", "\u2029": "␤", "\x85": "␤",
+            "\x7f": "␡", **{chr(c): chr(0x2400 + c) for c in range(32) if chr(c) not in "\n\t\r"}}
+
+
 def _clip(token: str, length: int = 18) -> str:
-    token = token if token != "" else "∅"
-    return token if len(token) <= length else token[:length - 1] + "…"
+    """A token as a label, as the viewer shows it: on one line (line breaks and control
+    characters as symbols), ∅ when empty, ␣ for the spaces of an all-space token, cut to
+    ``length`` characters."""
+    if token == "":
+        return "∅"
+    line = "".join(_SYMBOLS.get(c, c) for c in token)
+    if token.strip() == "":
+        line = "".join("␣" if c.isspace() else c for c in line)
+    return line if len(line) <= length else line[:length - 1] + "…"
 
 
 def head_view_figure(maps, tokens, key_tokens=None, *, batch: int = 0, layer: int = 0,

@@ -103,11 +103,15 @@
     return token.length > LABEL_CHARS ? token.slice(0, LABEL_CHARS - 1) + "…" : token;
   }
 
-  function shown(token) {  // empty and all-whitespace tokens stay visible
+  // A token as shown: on one line (line breaks, tabs and other control characters become
+  // visible symbols), and visible when empty (∅) or all spaces (␣).
+  const SYMBOLS = {"\n": "↵", "\t": "⇥", "\r": "␍", "\u2028": "␤", "\u2029": "␤",
+                   "\u0085": "␤", "\x7f": "␡"};
+  function shown(token) {
     if (token === "") return "∅";
-    if (token.trim() !== "") return token;
-    const symbols = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"};
-    return token.replace(/[ \n\t\r]/g, (c) => symbols[c]);
+    const line = token.replace(/[\x00-\x1f\x7f\x85\u2028\u2029]/g, (c) =>
+      SYMBOLS[c] || String.fromCharCode(0x2400 + c.charCodeAt(0)));
+    return token.trim() === "" ? line.replace(/\s/g, "␣") : line;
   }
 
   function format(x) {  // as many digits as the stored precision carries

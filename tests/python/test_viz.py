@@ -438,6 +438,15 @@ def test_an_experiment_writes_its_attention_maps(reverse_run):
     assert loaded["key_tokens"] is None and loaded["title"].startswith("reverse")
 
 
+def test_running_an_older_run_again_adds_its_maps(reverse_run):
+    # What load_maps tells the owner of a run folder from before experiments wrote the maps.
+    (reverse_run / viz.FILE_NAME).unlink()
+    result = run_cli("reverse", "--fast", "--epochs", "1", "--quiet", "--out", str(reverse_run),
+                     one_thread=True)
+    assert result.returncode == 0, result.stderr
+    assert viz.load_maps(reverse_run)["maps"][0].shape == (1, 1, 16, 16)
+
+
 def view_in_process(capsys, *args):
     """``python -m attnlab view ARGS`` in this process (a child process costs seconds of
     imports each): (exit status, stdout, stderr)."""

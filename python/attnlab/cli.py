@@ -69,6 +69,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     maps, tokens = module.attention_example(task)
     plot.attention_grid(maps, tokens, title=f"{args.command}: attention of a test example") \
         .savefig(out / "attention.png", dpi=120)
+    from .viz import FILE_NAME, save_maps  # the maps again, for `python -m attnlab view`
+    save_maps(out / FILE_NAME, maps, tokens, title=f"{run_name}: attention of a test example")
     plot.training_curves(result["history"]).savefig(out / "training.png", dpi=120)
     for name, figure in getattr(module, "extra_figures", lambda task: {})(task).items():
         figure.savefig(out / f"{name}.png", dpi=120)
@@ -130,6 +132,36 @@ def run_rule_and(args: argparse.Namespace) -> int:
         .savefig(out / "attention_graph.png", dpi=120)
     print(sparse_and.format_rule_summary(summary))
     print(f"{run['seconds']:.1f} s of training; results and plots in {out}/")
+    return 0
+
+
+def run_view(args: argparse.Namespace) -> int:
+    """Writes the attention viewer (HTML) or a static figure (PNG, SVG, PDF) for a run."""
+    from . import viz
+    source = Path(args.run)
+    content = viz.load_maps(source)
+    folder = source if source.is_dir() else source.parent
+    out = Path(args.out) if args.out else folder / "attention.html"
+    options = dict(batch=args.batch, max_tokens=args.max_tokens)
+    if out.suffix.lower() in (".png", ".svg", ".pdf"):
+        options["batch"] = args.batch or 0  # a figure shows one example
+        if args.view == "model":
+            figure = viz.static.model_view_figure(content["maps"], content["tokens"],
+                                                  content["key_tokens"], title=content["title"],
+                                                  **options)
+        else:
+            figure = viz.static.head_view_figure(
+                content["maps"], content["tokens"], content["key_tokens"], layer=args.layer,
+                head=args.head, mode=args.mode, **options)
+        figure.savefig(out, dpi=150)
+    elif out.suffix.lower() in (".html", ".htm"):
+        show = viz.model_view if args.view == "model" else viz.head_view
+        show(content["maps"], content["tokens"], content["key_tokens"], layer=args.layer,
+             head=args.head, mode=args.mode, precision=args.precision, title=content["title"],
+             **options).save(out)
+    else:
+        raise ValueError(f"--out must end in .html, .png, .svg or .pdf, got {out.name}")
+    print(f"{args.view} view of {source} written to {out} ({out.stat().st_size / 1024:.0f} KiB)")
     return 0
 
 
@@ -230,6 +262,30 @@ def build_parser() -> argparse.ArgumentParser:
                              help="random seed (default 0; the first of --seeds)")
         parser_.add_argument("--quiet", action="store_true", help="no progress bars")
         parser_.set_defaults(handler=handler)
+    view = commands.add_parser(
+        "view", help="write an experiment's attention maps as a self-contained HTML viewer "
+        "(or as a PNG, SVG or PDF figure)")
+    view.add_argument("run", metavar="RUN", help="a run folder holding attention_maps.pt "
+                      "(experiments write it), or such a file")
+    view.add_argument("--out", help="the file to write: .html (default RUN/attention.html), "
+                      ".png, .svg or .pdf")
+    view.add_argument("--view", choices=("head", "model"), default="head",
+                      help="open on the head view (one layer and head) or the model view "
+                      "(layers × heads); default head")
+    view.add_argument("--layer", type=int, default=0, help="layer to show first (from 0)")
+    def head(value):
+        return value if value == "all" else int(value)
+
+    view.add_argument("--head", type=head, default=0,
+                      help="head to show first (from 0), or all (default 0)")
+    view.add_argument("--batch", type=int, help="keep only this example of the batch")
+    view.add_argument("--mode", choices=("auto", "lines", "heatmap"), default="auto",
+                      help="lines, heat map, or auto: heat map above 256 tokens (default)")
+    view.add_argument("--max-tokens", type=int, help="pool long inputs down to this many "
+                      "positions")
+    view.add_argument("--precision", type=int, choices=(8, 16), default=8,
+                      help="bits per stored weight in the HTML (default 8)")
+    view.set_defaults(handler=run_view)
     return parser
 
 

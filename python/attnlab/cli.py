@@ -85,7 +85,8 @@ def _run_experiment(args: argparse.Namespace, rank: int, world_size: int) -> int
     splits = [split for split in ("test", "val", "train") if split in result]
     summary = {"experiment": args.command, "fast": args.fast, "config": dataclasses.asdict(config),
                **{split: result[split] for split in splits}, "seconds": result["seconds"],
-               "device": result["device"], "world_size": result["world_size"],
+               **{key: result[key] for key in ("device", "world_size", "steps_per_epoch", "lr",
+                                               "warmup_steps")},
                "history": result["history"], "build": build_info()}
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))

@@ -14,10 +14,11 @@ local rank). Every process draws the same epoch of batches from the run's seed a
 share: process r takes batches r, r + N, r + 2N, ... of the epoch, so one optimizer step covers
 N consecutive batches of the one-process sequence (a global batch N times as large, gradients
 averaged) and an epoch has ``batches_per_epoch // N`` steps (up to N − 1 trailing batches are
-left out). The warm-up is the configuration's number of steps, the cosine decay spans the run's
-actual steps, the learning rate is not scaled. Dropout and other random draws use one seed per
-process derived from the run's seed; metrics are summed over the processes; only process 0
-writes the checkpoint, and a resumed run hands it to every process."""
+left out). With N times fewer, N times larger steps, the learning rate is multiplied by N (the
+linear scaling rule) and the warm-up divided by N (rounded up: it spans the same number of
+samples); the cosine decay spans the run's actual steps. Dropout and other random draws use one
+seed per process derived from the run's seed; metrics are summed over the processes; only
+process 0 writes the checkpoint, and a resumed run hands it to every process."""
 
 from __future__ import annotations
 
@@ -360,8 +361,9 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
         progress: bool = True, device: str | torch.device | None = None) -> dict:
     """Trains ``task.model`` on ``device`` (default: where the model is; under torchrun a
     CUDA model goes to the GPU of the local rank); returns {"history": [...per epoch...],
-    "seconds": ..., "device": ..., "world_size": ..., and one metric dict per split of
-    ``task.final_splits``}. With ``out_dir``, writes ``checkpoint.pt`` after every epoch and
+    "seconds": ..., "device": ..., "world_size": ..., "steps_per_epoch", "lr" and
+    "warmup_steps" (the ones used: they depend on the world size), and one metric dict per
+    split of ``task.final_splits``}. With ``out_dir``, writes ``checkpoint.pt`` after every epoch and
     resumes from it when it exists (also when it was written on another device).
 
     Under torchrun it trains with DistributedDataParallel as the module docstring describes;
@@ -383,11 +385,14 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
     if steps < 1:
         raise ValueError(f"{task.name}: an epoch of {task.batches_per_epoch} batches cannot give "
                          f"each of {size} processes one; use fewer processes")
+    # N processes take N times fewer steps on N times larger batches: the linear scaling rule,
+    # and a warm-up over the same number of samples (one process: the configuration's own).
+    lr, warmup = config.lr * size, -(-config.warmup // size)
     # Made after the model moved, so the optimizer's state lives on the model's device (and a
     # loaded state is moved there by load_state_dict).
-    optimizer = OPTIMIZERS[config.optimizer](model.parameters(), lr=config.lr)
+    optimizer = OPTIMIZERS[config.optimizer](model.parameters(), lr=lr)
     max_iters = config.epochs * steps
-    scheduler = CosineWarmupScheduler(optimizer, warmup=config.warmup, max_iters=max_iters)
+    scheduler = CosineWarmupScheduler(optimizer, warmup=warmup, max_iters=max_iters)
     generator = torch.Generator().manual_seed(config.seed)  # the data's: the same everywhere
     history, start_epoch, seconds = [], 0, 0.0
 
@@ -472,4 +477,5 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
             if size > 1:  # once any process is past epoch e, its checkpoint is on disk
                 torch.distributed.barrier()
     return {"history": history, "seconds": seconds, "device": str(device), "world_size": size,
+            "steps_per_epoch": steps, "lr": lr, "warmup_steps": warmup,
             **{split: _evaluate(task, model, split, device) for split in task.final_splits}}

@@ -208,11 +208,13 @@ def world() -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def process_group(device: torch.device) -> Iterator[tuple[int, int]]:
+def process_group(device: str | torch.device | None = None) -> Iterator[tuple[int, int]]:
     """Yields (rank, world size). Under torchrun (``WORLD_SIZE`` > 1) with no process group
-    yet, initialises one (NCCL for a CUDA device, gloo for the CPU) and destroys it on leaving;
-    an existing group is used as it is; a single process needs none."""
+    yet, initialises one (NCCL for a CUDA ``device``, gloo for the CPU; ``device`` as
+    ``resolve_device`` takes it) and destroys it on leaving; an existing group is used as it
+    is; a single process needs none."""
     dist = torch.distributed
+    device = resolve_device(device)
     rank, size = world()
     if size > 1 and not dist.is_available():
         raise RuntimeError("WORLD_SIZE > 1 but this torch has no torch.distributed")
@@ -257,8 +259,10 @@ def _from_rank_zero(make: Callable[[], Any], device: torch.device) -> Any:
 def leaders_first(make: Callable[[], Any]) -> Any:
     """``make()`` on every process, process 0 first, then the first process of each machine
     (``LOCAL_RANK`` 0), then the rest, with barriers between: what the first writes to a cache
-    (features, downloads) the others read, instead of all computing it at once. One process:
-    just ``make()``."""
+    (features) the others read, instead of all computing it at once. This needs the process
+    group (the command line opens it before building the task; in your own script wrap the
+    task's construction and ``fit`` in ``with process_group(device):``); without one, or in
+    one process, it is just ``make()``."""
     rank, size = world()
     if size == 1 or not torch.distributed.is_initialized():
         return make()
@@ -280,7 +284,10 @@ def leaders_first(make: Callable[[], Any]) -> Any:
 def _shared_batches(batches: Iterable, rank: int, size: int, steps: int) -> Iterator:
     """Process ``rank``'s share of an epoch: batches rank, rank + size, ... of the first
     ``steps * size``. Every process draws the whole epoch, so the data generator stays the same
-    in all of them (and as in one process)."""
+    in all of them (and as in one process). One process takes every batch."""
+    if size == 1:
+        yield from batches
+        return
     for index, batch in enumerate(batches):
         if index < steps * size and index % size == rank:
             yield batch

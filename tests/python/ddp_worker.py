@@ -53,7 +53,7 @@ def _train(task, out: Path, slow: bool) -> None:
     rank = world()[0]
     torch.save(task.model.state_dict(), out / f"rank{rank}.pt")
     (out / f"rank{rank}.json").write_text(json.dumps({
-        "rank": rank, "fused": fused, **{key: result[key] for key in (
+        "rank": rank, "fused": fused, "seed": torch.initial_seed(), **{key: result[key] for key in (
             "history", "val", "test", "world_size", "device", "lr", "warmup_steps",
             "steps_per_epoch")}}))
 

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlab import cli
 from attnlab.tasks import reverse
-from attnlab.train import fit, load_checkpoint
+from attnlab.train import fit, load_checkpoint, rank_seed
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ddp_worker import small_config  # noqa: E402
@@ -62,6 +63,8 @@ def test_both_processes_hold_identical_weights_and_metrics(two_process_run):
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name  # no process diverged
     assert first["history"] == second["history"] and first["test"] == second["test"]
+    # Dropout and other draws: the run's seed in process 0, one derived from it in process 1.
+    assert first["seed"] == 7 and second["seed"] == rank_seed(7, 1) != 7
     state = load_checkpoint(two_process_run / "checkpoint.pt", "reverse")
     assert state["world_size"] == 2 and state["epoch"] == 3 and len(state["rank_rng"]) == 2
 
@@ -137,6 +140,22 @@ def test_checkpoint_of_two_processes_is_refused_by_one(two_process_run):
     with pytest.raises(CheckpointError, match=r"written by a run of 2 process\(es\), this run "
                        r"has 1.*--nproc-per-node 2"):
         fit(reverse.make_task(config), config.train, out_dir=two_process_run, progress=False)
+
+
+def test_rank_seeds_are_the_runs_for_process_0_and_distinct_for_the_others():
+    assert rank_seed(7, 0) == 7 and rank_seed(7, 1) == rank_seed(7, 1)  # repeatable
+    seeds = {rank_seed(seed, rank) for seed in range(20) for rank in range(1, 9)}
+    assert len(seeds) == 160 and not seeds & set(range(20))
+    assert all(0 <= seed < 2**63 for seed in seeds)
+
+
+@pytest.mark.parametrize("command", ["sparse-and", "rule-and"])
+def test_full_batch_experiments_refuse_several_processes(command, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it
+    assert cli.main([command, "--fast", "--device", "cpu"]) == 1
+    stderr = capsys.readouterr().err.strip()
+    assert stderr == (f"attnlab {command}: error: {command} trains full-batch models in one "
+                      f"process; run it without torchrun")
 
 
 def test_command_line_under_torchrun_reaches_the_one_process_target(tmp_path):

@@ -46,7 +46,15 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    """Trains one experiment, prints its metrics, writes results.json and PNG plots."""
+    """Trains one experiment on ``args.device``, prints its metrics, writes results.json and
+    PNG plots. Under torchrun every process trains its share and process 0 alone prints and
+    writes."""
+    from .train import process_group
+    with process_group(args.device) as (rank, world_size):
+        return _run_experiment(args, rank, world_size)
+
+
+def _run_experiment(args: argparse.Namespace, rank: int, world_size: int) -> int:
     from . import plot  # matplotlib and the experiments load only for the commands using them
     from .tasks import TASKS
     from .train import fit
@@ -63,8 +71,10 @@ def run_experiment(args: argparse.Namespace) -> int:
     config = getattr(module, "apply_options", lambda config, args: config)(config, args)
     run_name = getattr(module, "run_name", lambda config: args.command)(config)
     out = Path(args.out or f"runs/{run_name}{'-fast' if args.fast else ''}")
-    task = module.make_task(config)
-    result = fit(task, config.train, out_dir=out, progress=not args.quiet)
+    task = module.make_task(config, device=args.device)
+    result = fit(task, config.train, out_dir=out, progress=not args.quiet, device=args.device)
+    if rank != 0:
+        return 0
 
     maps, tokens = module.attention_example(task)
     plot.attention_grid(maps, tokens, title=f"{args.command}: attention of a test example") \
@@ -77,6 +87,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     splits = [split for split in ("test", "val", "train") if split in result]
     summary = {"experiment": args.command, "fast": args.fast, "config": dataclasses.asdict(config),
                **{split: result[split] for split in splits}, "seconds": result["seconds"],
+               **{key: result[key] for key in ("device", "world_size", "steps_per_epoch", "lr",
+                                               "warmup_steps")},
                "history": result["history"], "build": build_info()}
     tmp = out / "results.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2))
@@ -85,8 +97,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     def describe(split):
         return ", ".join(f"{split} {k} {100 * v:.2f} %" if k == "accuracy" else f"{split} {k} {v:.4f}"
                          for k, v in result[split].items())
+    where = result["device"] + (f", {world_size} processes" if world_size > 1 else "")
     print(f"{args.command}: {', '.join(map(describe, splits))}; {result['seconds']:.1f} s of "
-          f"training; results and plots in {out}/")
+          f"training ({where}); results and plots in {out}/")
     return 0
 
 
@@ -98,16 +111,26 @@ def write_results(out: Path, summary: dict) -> None:
     tmp.replace(out / "results.json")
 
 
+def refuse_several_processes(command: str) -> None:
+    """sparse-and and rule-and train full-batch models of a few parameters: one process."""
+    from .train import world
+    if world()[1] > 1:
+        raise ValueError(f"{command} trains full-batch models in one process; run it without "
+                         f"torchrun")
+
+
 def run_sparse_and(args: argparse.Namespace) -> int:
     """The sparse-AND table of SPEC.md §3 over several seeds, with its plots."""
     from .tasks import sparse_and
+    refuse_several_processes("sparse-and")
     make_config = sparse_and.fast_config if args.fast else sparse_and.default_config
     config = make_config() if args.seeds is None else make_config(args.seeds)
     out = Path(args.out or f"runs/sparse-and{'-fast' if args.fast else ''}")
     table = sparse_and.results_table(config, first_seed=args.seed, progress=not args.quiet,
-                                     keep_runs=True)
+                                     keep_runs=True, device=args.device)
     write_results(out, {"experiment": "sparse-and", "fast": args.fast,
-                        **sparse_and.table_summary(table), "build": build_info()})
+                        **sparse_and.table_summary(table), "device": str(args.device),
+                        "build": build_info()})
     for name, figure in sparse_and.table_figures(table).items():
         figure.savefig(out / f"{name}.png", dpi=120)
     seconds = sum(row["seconds"] for row in table["rows"])
@@ -121,12 +144,14 @@ def run_rule_and(args: argparse.Namespace) -> int:
     """The SAT on the rule task (SPEC.md §3): its attention graph and target recovery."""
     from . import plot
     from .tasks import sparse_and
+    refuse_several_processes("rule-and")
     config = sparse_and.rule_fast_config() if args.fast else sparse_and.rule_default_config()
     out = Path(args.out or f"runs/rule-and{'-fast' if args.fast else ''}")
-    run = sparse_and.run_rule_task(config, seed=args.seed, progress=not args.quiet)
+    run = sparse_and.run_rule_task(config, seed=args.seed, progress=not args.quiet,
+                                   device=args.device)
     summary = sparse_and.rule_summary(run, config, args.seed)
     write_results(out, {"experiment": "rule-and", "fast": args.fast, **summary,
-                        "build": build_info()})
+                        "device": str(args.device), "build": build_info()})
     plot.attention_graph(run["edges"], run["generator"].targets,
                          title="rule task: readout weight × attention output, positive samples") \
         .savefig(out / "attention_graph.png", dpi=120)
@@ -174,6 +199,7 @@ def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_device_option(parser)
     parser.set_defaults(handler=run_experiment)
     return parser
 
@@ -188,6 +214,11 @@ class PrintAndExit(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         print(self.printed())
         parser.exit(0)
+
+
+def add_device_option(parser) -> None:
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda when a GPU is "
+                        "available, else cpu; under torchrun cuda is the local rank's GPU)")
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -261,6 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser_.add_argument("--seed", type=int, default=0,
                              help="random seed (default 0; the first of --seeds)")
         parser_.add_argument("--quiet", action="store_true", help="no progress bars")
+        add_device_option(parser_)
         parser_.set_defaults(handler=handler)
     view = commands.add_parser(
         "view", help="write an experiment's attention maps as a self-contained HTML viewer "
@@ -302,7 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "seeds", None) is not None and args.seeds < 1:
         parser.error("--seeds must be at least 1")
     from .tasks.sparse_and import GeneratorError
-    from .train import CheckpointError
+    from .train import CheckpointError, resolve_device
+    if hasattr(args, "device"):
+        try:
+            args.device = resolve_device(args.device)
+        except ValueError as error:
+            parser.error(f"argument --device: {error}")
     try:
         return args.handler(args)
     except (ValueError, OSError, ImportError, CheckpointError, FloatingPointError,

@@ -15,7 +15,7 @@ from .. import plot
 from ..data import FASHION_MNIST_CLASSES, load_cifar100, load_fashion_mnist
 from ..features import cifar_resnet_features, fashion_features
 from ..models import TransformerPredictor
-from ..train import Task, TrainConfig
+from ..train import Task, TrainConfig, leaders_first, model_device
 from .anomaly_sets import SET_SIZE, sample_sets, validation_split
 
 
@@ -70,12 +70,17 @@ def fast_config(seed: int = 0) -> AnomalyConfig:
                          train=dataclasses.replace(AnomalyConfig().train, epochs=3, seed=seed))
 
 
-def load_features(config: AnomalyConfig, progress: bool = True) -> dict:
-    """Frozen features and class names of the configured data set (cached on disk)."""
+def load_features(config: AnomalyConfig, progress: bool = True,
+                  device: str | torch.device | None = None) -> dict:
+    """Frozen features and class names of the configured data set (cached on disk), computed
+    on ``device`` (default the CPU) when not cached; returned on the CPU. Under torchrun
+    process 0 computes them first and the others read its cache."""
     if config.dataset == "cifar100":
-        return cifar_resnet_features(config.data, config.weights, image_size=config.image_size,
-                                     progress=progress)
-    return {**fashion_features(config.data, epochs=config.feature_epochs, progress=progress),
+        return leaders_first(lambda: cifar_resnet_features(
+            config.data, config.weights, image_size=config.image_size, progress=progress,
+            device=device))
+    return {**leaders_first(lambda: fashion_features(config.data, epochs=config.feature_epochs,
+                                                     progress=progress, device=device)),
             "classes": FASHION_MNIST_CLASSES}
 
 
@@ -86,8 +91,11 @@ def load_images(config: AnomalyConfig, split: str) -> torch.Tensor:
     return load_fashion_mnist(config.data)[split][0]
 
 
-def make_task(config: AnomalyConfig, progress: bool = True) -> Task:
-    features = load_features(config, progress)
+def make_task(config: AnomalyConfig, progress: bool = True,
+              device: str | torch.device | None = None) -> Task:
+    """The set-anomaly task: features (extracted on ``device`` when not cached) and sets on
+    the CPU, the model built there from the seed, then moved to ``device``."""
+    features = load_features(config, progress, device)
     train_features, train_labels = features["train"]
     train_idx, val_idx = validation_split(train_labels)
     pools = {"train": (train_features[train_idx], train_labels[train_idx]),
@@ -106,6 +114,8 @@ def make_task(config: AnomalyConfig, progress: bool = True) -> Task:
                                  num_classes=1, num_heads=config.num_heads,
                                  num_layers=config.num_layers, dropout=config.dropout,
                                  input_dropout=config.input_dropout, positional_encoding=False)
+    if device is not None:
+        model.to(device)
     pool_size = len(pools["train"][1])
     sets_per_epoch = min(config.sets_per_epoch or pool_size, pool_size)
     batches = sets_per_epoch // config.batch_size
@@ -122,28 +132,41 @@ def make_task(config: AnomalyConfig, progress: bool = True) -> Task:
         return F.cross_entropy(logits.squeeze(-1), targets)
 
     @torch.no_grad()
-    def evaluate(model, split):
+    def picks(model, split, rows=slice(None)):  # the element called the anomaly, per set
         model.eval()
-        sets = fixed[split]
-        found = torch.cat([model(pools[split][0][chunk]).squeeze(-1).argmax(-1)
-                           for chunk in sets.split(500)])
+        device = model_device(model)
+        sets = fixed[split][rows]
+        if len(sets) == 0:
+            return torch.empty(0, dtype=torch.long)
+        return torch.cat([model(pools[split][0][chunk].to(device)).squeeze(-1).argmax(-1).cpu()
+                          for chunk in sets.split(500)])
+
+    def evaluate(model, split):
+        found = picks(model, split)
         return {"accuracy": (found == SET_SIZE - 1).float().mean().item()}
+
+    def evaluate_sums(model, split, rank=0, world_size=1):
+        found = picks(model, split, slice(rank, None, world_size))
+        return {"accuracy": (int((found == SET_SIZE - 1).sum()), len(found))}
 
     def accuracy(logits, targets):
         return (logits.squeeze(-1).argmax(-1) == targets).float().mean()
 
     return Task(name="anomaly", model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
-                final_splits=("train", "val", "test"),
+                final_splits=("train", "val", "test"), evaluate_sums=evaluate_sums,
                 examples={"test_sets": fixed["test"], "test_features": pools["test"][0],
                           "test_labels": pools["test"][1], "classes": features["classes"],
                           "config": config})
 
 
 def attention_example(task: Task):
-    """(maps, tokens) of one test set: one [1, H, 10, 10] map per layer, and its class names."""
+    """(maps, tokens) of one test set: one [1, H, 10, 10] map per layer (on the CPU), and its
+    class names."""
     first = task.examples["test_sets"][:1]
-    maps = task.model.get_attention_maps(task.examples["test_features"][first])
+    maps = task.model.get_attention_maps(
+        task.examples["test_features"][first].to(model_device(task.model)))
+    maps = [m.cpu() for m in maps]
     classes = task.examples["classes"]
     return maps, [classes[c][:7] for c in task.examples["test_labels"][first[0]].tolist()]
 
@@ -153,9 +176,9 @@ def extra_figures(task: Task, shown: int = 4) -> dict:
     """{"sets": the first test sets with the model's probabilities, "mistakes": test sets the
     model gets wrong} as figures of the images."""
     task.model.eval()
-    sets = task.examples["test_sets"]
-    probabilities = torch.cat([task.model(task.examples["test_features"][chunk]).squeeze(-1)
-                               .softmax(-1) for chunk in sets.split(500)])
+    sets, device = task.examples["test_sets"], model_device(task.model)
+    probabilities = torch.cat([task.model(task.examples["test_features"][chunk].to(device))
+                               .squeeze(-1).softmax(-1).cpu() for chunk in sets.split(500)])
     images = load_images(task.examples["config"], "test")
     labels, classes = task.examples["test_labels"], task.examples["classes"]
 

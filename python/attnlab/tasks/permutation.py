@@ -15,7 +15,7 @@ from torch import nn
 from .. import plot
 from ..nn import (AdditiveAttention, MultiplicativeAttention, PositionalEncoder,
                   ScaledDotProductAttention, autoregressive_mask)
-from ..train import Task, TrainConfig
+from ..train import Task, TrainConfig, model_device
 
 ATTENTION_KINDS = ("additive", "multiplicative", "scaled")
 POSITION_MODES = ("add", "concat", "none")
@@ -160,13 +160,17 @@ def argmax_on_p2(weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     return (weights[:, n:].argmax(-1) == inputs[:, n:]).float().mean()
 
 
-def make_task(config: PermutationConfig) -> Task:
+def make_task(config: PermutationConfig, device: str | torch.device | None = None) -> Task:
+    """Permutation composition: fixed validation and test sequences and fresh training batches
+    drawn on the CPU, the model built there from the seed, then moved to ``device``."""
     n = config.n
     splits = {name: permutation_batch(size, n, torch.Generator().manual_seed(seed))
               for name, size, seed in (("val", config.val_size, 10_000 + config.train.seed),
                                        ("test", config.test_size, 20_000 + config.train.seed))}
     torch.manual_seed(config.train.seed)
     model = make_model(config)
+    if device is not None:
+        model.to(device)
 
     def train_batches(epoch, generator):  # fresh sequences for every batch
         for _ in range(config.batches_per_epoch):
@@ -176,36 +180,46 @@ def make_task(config: PermutationConfig) -> Task:
         return F.cross_entropy(logits[:, n:].reshape(-1, n), targets[:, n:].reshape(-1))
 
     @torch.no_grad()
-    def evaluate(model, split):
+    def evaluate_sums(model, split, rank=0, world_size=1):
         model.eval()
-        inputs, targets = splits[split]
+        device = model_device(model)
+        inputs, targets = (part[rank::world_size].to(device) for part in splits[split])
         correct = agree = 0.0
         for chunk_in, chunk_target in zip(inputs.split(1000), targets.split(1000)):
+            if len(chunk_in) == 0:  # a share of a split smaller than the processes
+                break
             logits = model(chunk_in)
             correct += (logits[:, n:].argmax(-1) == chunk_target[:, n:]).sum().item()
             agree += argmax_on_p2(model.attention.last_weights, chunk_in).item() * len(chunk_in)
-        return {"accuracy": correct / (len(inputs) * n), "argmax_on_p2": agree / len(inputs)}
+        return {"accuracy": (correct, len(inputs) * n), "argmax_on_p2": (agree, len(inputs))}
+
+    def evaluate(model, split):
+        return {name: numerator / denominator
+                for name, (numerator, denominator) in evaluate_sums(model, split).items()}
 
     def accuracy(logits, targets):  # per element of the p₃ half
         return (logits[:, n:].argmax(-1) == targets[:, n:]).float().mean()
 
     return Task(name=f"permutation ({config.variant})", model=model,
                 train_batches=train_batches, batches_per_epoch=config.batches_per_epoch,
-                loss=loss, evaluate=evaluate, accuracy=accuracy,
+                loss=loss, evaluate=evaluate, accuracy=accuracy, evaluate_sums=evaluate_sums,
                 examples={"attention": splits["test"][0][:1]})
 
 
 def attention_example(task: Task):
-    """(maps, tokens) of one test sequence: [the [1, 1, 2n, 2n] map], and its digits."""
+    """(maps, tokens) of one test sequence: [the [1, 1, 2n, 2n] map] (on the CPU), and its
+    digits."""
     inputs = task.examples["attention"]
-    return [task.model.attention_map(inputs).unsqueeze(1)], [str(d) for d in inputs[0].tolist()]
+    weights = task.model.attention_map(inputs.to(model_device(task.model))).cpu()
+    return [weights.unsqueeze(1)], [str(d) for d in inputs[0].tolist()]
 
 
 def marked_attention_figure(model: PermutationModel, inputs: torch.Tensor,
                             title: str | None = None):
     """The attention map of the sequence ``inputs`` [2n], the cells (n + i, p₂[i]) framed."""
     n = inputs.shape[0] // 2
-    weights = model.attention_map(inputs.unsqueeze(0))[0]
+    weights = model.attention_map(inputs.unsqueeze(0).to(model_device(model)))[0].cpu()
+    inputs = inputs.cpu()
     cells = [(n + i, int(inputs[n + i])) for i in range(n)]
     tokens = [str(d) for d in inputs.tolist()]
     return plot.attention_map(weights, tokens, tokens, marked=cells, title=title)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import TransformerPredictor
-from ..train import Task, TrainConfig
+from ..train import Task, TrainConfig, model_device
 
 
 @dataclass
@@ -57,7 +57,9 @@ def one_hot(digits: torch.Tensor, num_classes: int) -> torch.Tensor:
     return F.one_hot(digits, num_classes).float()
 
 
-def make_task(config: ReverseConfig) -> Task:
+def make_task(config: ReverseConfig, device: str | torch.device | None = None) -> Task:
+    """The reversal task: data on the CPU, the model built there from the seed, then moved to
+    ``device`` (default: stays on the CPU)."""
     data_gen = torch.Generator().manual_seed(config.train.seed + 1)
     splits = {name: torch.randint(config.num_classes, (size, config.seq_len), generator=data_gen)
               for name, size in (("train", config.train_size), ("val", config.val_size),
@@ -66,6 +68,8 @@ def make_task(config: ReverseConfig) -> Task:
     model = TransformerPredictor(input_dim=config.num_classes, model_dim=config.model_dim,
                                  num_classes=config.num_classes, num_heads=config.num_heads,
                                  num_layers=config.num_layers)
+    if device is not None:
+        model.to(device)
     batches = config.train_size // config.batch_size  # the last partial batch is dropped
 
     def train_batches(epoch, generator):
@@ -78,22 +82,30 @@ def make_task(config: ReverseConfig) -> Task:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
     @torch.no_grad()
-    def evaluate(model, split):
+    def evaluate_sums(model, split, rank=0, world_size=1):
         model.eval()
-        digits = splits[split]
+        device = model_device(model)
+        digits = splits[split][rank::world_size]
         correct = sum((model(one_hot(chunk, config.num_classes)).argmax(-1) == chunk.flip(1))
-                      .sum().item() for chunk in digits.split(1000))
-        return {"accuracy": correct / digits.numel()}
+                      .sum().item() for chunk in digits.to(device).split(1000) if len(chunk))
+        return {"accuracy": (correct, digits.numel())}
+
+    def evaluate(model, split):
+        correct, total = evaluate_sums(model, split)["accuracy"]
+        return {"accuracy": correct / total}
 
     def accuracy(logits, targets):
         return (logits.argmax(-1) == targets).float().mean()
 
     return Task(name="reverse", model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
+                evaluate_sums=evaluate_sums,
                 examples={"attention": one_hot(splits["test"][:1], config.num_classes)})
 
 
 def attention_example(task: Task):
-    """(maps, tokens) of one test sequence: one [1, H, L, L] map per layer, and its digits."""
+    """(maps, tokens) of one test sequence: one [1, H, L, L] map per layer (on the CPU), and its
+    digits."""
     inputs = task.examples["attention"]
-    return task.model.get_attention_maps(inputs), [str(d) for d in inputs[0].argmax(-1).tolist()]
+    maps = task.model.get_attention_maps(inputs.to(model_device(task.model)))
+    return [m.cpu() for m in maps], [str(d) for d in inputs[0].argmax(-1).tolist()]

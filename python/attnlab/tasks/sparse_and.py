@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from .. import plot
 from ..functional import scaled_dot_product_attention
+from ..train import model_device, resolve_device
 
 MAX_TRIES = 100
 SPARSE_BIT_PROBABILITY = 0.5 ** (1 / 3)
@@ -226,8 +227,11 @@ def parameter_count(model: nn.Module) -> int:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, bits: torch.Tensor, labels: torch.Tensor) -> dict:
-    """Accuracy and binary cross-entropy of ``model`` on one full batch."""
+    """Accuracy and binary cross-entropy of ``model`` on one full batch (moved to the model's
+    device)."""
     model.eval()
+    device = model_device(model)
+    bits, labels = bits.to(device), labels.to(device)
     logits = model.logits(bits)
     return {"accuracy": ((logits > 0).float() == labels).float().mean().item(),
             "loss": F.binary_cross_entropy_with_logits(logits, labels).item()}
@@ -235,15 +239,19 @@ def evaluate(model: nn.Module, bits: torch.Tensor, labels: torch.Tensor) -> dict
 
 def train_full_batch(model: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
                      val: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
-                     progress: bool = False, desc: str | None = None) -> dict:
-    """Adam on the binary cross-entropy of the whole training set, one step per epoch.
+                     progress: bool = False, desc: str | None = None,
+                     device: str | torch.device | None = None) -> dict:
+    """Adam on the binary cross-entropy of the whole training set, one step per epoch, on
+    ``device`` (default: where the model is; the model and the data are moved there).
     Returns the per-epoch training losses, the final train and validation metrics and the
     seconds taken. Seed torch before building the model for a repeatable run (dropout draws
     from torch's global generator)."""
     _check_count("epochs", epochs, 1)
     if not lr > 0:
         raise ValueError(f"lr must be positive, got {lr}")
-    bits, labels = train
+    device = resolve_device(device if device is not None else model_device(model))
+    model.to(device)
+    bits, labels = train[0].to(device), train[1].to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
     # Steps on a model this small are dominated by overhead; more threads only add to it (and
@@ -302,9 +310,10 @@ def fast_config(seeds: int = 2) -> SparseAndConfig:
 
 
 def run_one(model_name: str, sparsity: int, seed: int, config: SparseAndConfig,
-            progress: bool = False) -> dict:
-    """Train one model on one seed's data. The data depend on (seed, sparsity) only, so the SAT
-    and the MLP of a seed see the same samples."""
+            progress: bool = False, device: str | torch.device | None = None) -> dict:
+    """Train one model on one seed's data, on ``device`` (default the CPU). The data depend on
+    (seed, sparsity) only, so the SAT and the MLP of a seed see the same samples; they are
+    drawn on the CPU and kept there in the result."""
     generator = SparseAndGenerator(config.seq_len, sparsity, seed=seed)
     train, val = generator.sample(config.train_size), generator.sample(config.val_size)
     torch.manual_seed(seed)
@@ -312,7 +321,7 @@ def run_one(model_name: str, sparsity: int, seed: int, config: SparseAndConfig,
     epochs, lr = ((config.sat_epochs, config.sat_lr) if model_name == "SAT"
                   else (config.mlp_epochs, config.mlp_lr))
     result = train_full_batch(model, train, val, epochs, lr, progress=progress,
-                              desc=f"{model_name} s={sparsity} seed {seed}")
+                              desc=f"{model_name} s={sparsity} seed {seed}", device=device)
     return {"model": model, "generator": generator, "train_data": train, "val_data": val,
             **result}
 
@@ -322,7 +331,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool = False,
-                  keep_runs: bool = False) -> dict:
+                  keep_runs: bool = False, device: str | torch.device | None = None) -> dict:
     """The four rows of SPEC.md §3 (SAT and MLP × each s) over seeds first_seed, ... :
     ``rows`` (mean ± std of val. accuracy and loss, per-seed values, parameters, seconds) and,
     with ``keep_runs``, ``runs[(model, s)]`` = the run of the first seed (model and data, for
@@ -332,7 +341,7 @@ def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool =
         for s in config.sparsities:
             per_seed = []
             for seed in range(first_seed, first_seed + config.seeds):
-                run = run_one(model_name, s, seed, config, progress=progress)
+                run = run_one(model_name, s, seed, config, progress=progress, device=device)
                 per_seed.append({"seed": seed, "val_accuracy": run["val"]["accuracy"],
                                  "val_loss": run["val"]["loss"],
                                  "train_accuracy": run["train"]["accuracy"],
@@ -365,9 +374,10 @@ def format_table(rows: list[dict]) -> str:
 
 @torch.no_grad()
 def last_token_attention(model: SAT, bits: torch.Tensor) -> torch.Tensor:
-    """[B, T − 1]: the last token's attention weights over the inputs before it."""
+    """[B, T − 1]: the last token's attention weights over the inputs before it (on the
+    CPU)."""
     model.eval()
-    return model(bits, elaborate=True).attention[:, -1, :-1]
+    return model(bits.to(model_device(model)), elaborate=True).attention[:, -1, :-1].cpu()
 
 
 # ---- the rule task ---------------------------------------------------------------------------
@@ -400,7 +410,8 @@ def attention_graph(model: SAT, bits: torch.Tensor, labels: torch.Tensor) -> tor
     output (the "score") of every input, averaged over the positive samples with that rule —
     each input's share of the logit, which sums to the mean logit."""
     model.eval()
-    contributions = model(bits, elaborate=True).scores * model.readout.weight[0]  # [B, T]
+    output = model(bits.to(model_device(model)), elaborate=True)
+    contributions = (output.scores * model.readout.weight[0]).cpu()  # [B, T]
     rows = []
     for rule in (0, 1):
         chosen = (bits[:, -1] == rule) & (labels == 1)
@@ -421,14 +432,16 @@ def targets_lead(edges: torch.Tensor, targets) -> list[bool]:
     return found
 
 
-def run_rule_task(config: RuleAndConfig, seed: int = 0, progress: bool = False) -> dict:
-    """Train the SAT on the rule task; its metrics, attention graph and target recovery."""
+def run_rule_task(config: RuleAndConfig, seed: int = 0, progress: bool = False,
+                  device: str | torch.device | None = None) -> dict:
+    """Train the SAT on the rule task on ``device`` (default the CPU); its metrics, attention
+    graph (on the CPU) and target recovery."""
     generator = RuleAndGenerator(config.seq_len, config.sparsity, seed=seed)
     train, val = generator.sample(config.train_size), generator.sample(config.val_size)
     torch.manual_seed(seed)
     model = SAT(config.seq_len)
     result = train_full_batch(model, train, val, config.epochs, config.lr, progress=progress,
-                              desc=f"SAT rule task seed {seed}")
+                              desc=f"SAT rule task seed {seed}", device=device)
     edges = attention_graph(model, *train)
     return {"model": model, "generator": generator, "train_data": train, "val_data": val,
             "edges": edges, "targets_lead": targets_lead(edges, generator.targets), **result}

@@ -19,7 +19,7 @@ from torch import nn
 
 from ..data import IMDB_LABELS, IMDB_SPLITS, load_imdb
 from ..nn import MultiHeadAttention, sinusoidal_embedding
-from ..train import Task, TrainConfig
+from ..train import Task, TrainConfig, model_device
 
 UNKNOWN, PADDING = 0, 1  # the two special tokens, before the words
 SPECIALS = ("<unk>", "<pad>")
@@ -175,7 +175,9 @@ def fast_config(seed: int = 0) -> TextConfig:
                                                              seed=seed))
 
 
-def make_task(config: TextConfig) -> Task:
+def make_task(config: TextConfig, device: str | torch.device | None = None) -> Task:
+    """Sentiment classification: the corpus read and encoded on the CPU, the model built there
+    from the seed, then moved to ``device``."""
     corpus = load_imdb(config.data)
     texts, labels = corpus["train"]
     if len(texts) < 2:
@@ -194,6 +196,8 @@ def make_task(config: TextConfig) -> Task:
     torch.manual_seed(config.train.seed)
     model = TextClassifier(len(vocabulary), config.model_dim, config.num_heads, config.ff_dim,
                            config.num_layers, config.max_positions, config.dropout)
+    if device is not None:
+        model.to(device)
     train_size = len(parts["train"])
     batches = math.ceil(train_size / config.batch_size)  # the last, partial batch is kept
 
@@ -204,18 +208,24 @@ def make_task(config: TextConfig) -> Task:
             yield splits["train"][0][rows], splits["train"][1][rows]
 
     @torch.no_grad()
-    def evaluate(model, split):
+    def evaluate_sums(model, split, rank=0, world_size=1):
         model.eval()
-        ids, targets = splits[split]
+        device = model_device(model)
+        ids, targets = (part[rank::world_size].to(device) for part in splits[split])
         correct = sum((model(chunk).argmax(-1) == target).sum().item()
-                      for chunk, target in zip(ids.split(1000), targets.split(1000)))
-        return {"accuracy": correct / len(ids)}
+                      for chunk, target in zip(ids.split(1000), targets.split(1000)) if len(chunk))
+        return {"accuracy": (correct, len(ids))}
+
+    def evaluate(model, split):
+        correct, total = evaluate_sums(model, split)["accuracy"]
+        return {"accuracy": correct / total}
 
     def accuracy(logits, targets):
         return (logits.argmax(-1) == targets).float().mean()
 
     return Task(name="text", model=model, train_batches=train_batches, batches_per_epoch=batches,
                 loss=F.cross_entropy, evaluate=evaluate, accuracy=accuracy,
+                evaluate_sums=evaluate_sums,
                 examples={"vocabulary": vocabulary, "test_ids": splits["test"][0],
                           "test_labels": splits["test"][1]})
 
@@ -225,7 +235,8 @@ def attention_example(task: Task, shown: int = 24):
     so the map stays readable: one [1, H, shown, shown] map per layer, and the words."""
     ids = task.examples["test_ids"][:1]
     ids = ids[:, :min(shown, int((ids != PADDING).sum()))]
-    return task.model.get_attention_maps(ids), task.examples["vocabulary"].decode(ids[0])
+    maps = task.model.get_attention_maps(ids.to(model_device(task.model)))
+    return [m.cpu() for m in maps], task.examples["vocabulary"].decode(ids[0])
 
 
 POSITIVE_WORDS = ("great", "wonderful", "superb", "brilliant", "moving", "delightful",

@@ -38,7 +38,8 @@ def ref_table(T, d):
     position = torch.arange(Te, dtype=torch.float64)[:, None]
     frequency = torch.exp(torch.arange(0, de, 2, dtype=torch.float64) * (-math.log(10000.0) / de))
     table = torch.zeros(Te, de, dtype=torch.float64)
-    table[:, 0::2], table[:, 1::2] = torch.sin(position * frequency), torch.cos(position * frequency)
+    angle = position * frequency
+    table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle)
     return table[:T, :d]
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.data as data
 
+import attnlab
 from attnlab.tutorials.uvadl import (LIGHTNING, CosineWarmupScheduler, EncoderBlock,
                                      MultiheadAttention, PositionalEncoding, ReverseDataset,
                                      SetAnomalyDataset, TransformerEncoder, expand_mask,
@@ -82,7 +83,7 @@ def ref_predictor(model, x, mask=None, add_positional_encoding=True):
     return ref_linear(model.output_net[4], out), maps
 
 
-# ---- scaled_dot_product and its masks --------------------------------------------------------------
+# ---- scaled_dot_product and its masks ------------------------------------------------------------
 
 def test_seed_42_worked_example_gives_the_tutorials_values():
     seq_len, d_k = 3, 2
@@ -130,7 +131,6 @@ def test_tutorial_tril_mask_is_causal_in_every_dtype(dtype):
 def test_float_tril_mask_needs_the_adapter():
     """What the adapter is for: attnlab's core adds a float mask to the scores, so the UvA
     causal mask given to it unchanged masks nothing."""
-    import attnlab
     torch.manual_seed(1)
     L = 5
     q, k, v = torch.randn(L, 4), torch.randn(L, 4), torch.randn(L, 4)
@@ -166,7 +166,7 @@ def test_expand_mask_shapes():
         expand_mask(torch.ones(L))
 
 
-# ---- the modules ----------------------------------------------------------------------------------
+# ---- the modules ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("mask_shape", ["LL", "BLL", "BHLL"])
 def test_multihead_attention_and_encoder_with_tutorial_masks(mask_shape):
@@ -190,6 +190,8 @@ def test_multihead_attention_and_encoder_with_tutorial_masks(mask_shape):
     for block in encoder.layers:
         h = ref_block(block, h, mask)
     torch.testing.assert_close(encoder(x, mask=mask).double(), h, **TIGHT)
+    with attnlab.interpret.record():  # the module-by-module path (the fused one is above)
+        torch.testing.assert_close(encoder(x, mask=mask).double(), h, **TIGHT)
     # The block and the attention inside it read the tutorial's mask too.
     block = encoder.layers[0]
     assert isinstance(block, EncoderBlock) and isinstance(block.self_attn, MultiheadAttention)
@@ -228,7 +230,7 @@ def test_plot_attention_maps_grid_and_ticks():
     assert plot_attention_maps(None, attention_maps, idx=0, show=True) is None  # not IPython
 
 
-# ---- data sets --------------------------------------------------------------------------------------
+# ---- data sets -----------------------------------------------------------------------------------
 
 def test_reverse_dataset_items():
     torch.manual_seed(5)
@@ -282,11 +284,24 @@ def test_bad_inputs_are_named():
         MultiheadAttention(8, 8, 2)(torch.randn(2, 5, 8), mask=torch.ones(4, 4))
 
 
-# ---- the Lightning modules ---------------------------------------------------------------------------
+def test_lightning_package_choice(monkeypatch):
+    from attnlab.tutorials import uvadl
+    monkeypatch.setenv("ATTNLAB_LIGHTNING", "keras")
+    with pytest.raises(ImportError, match="ATTNLAB_LIGHTNING must be"):
+        uvadl._choose_lightning()
+    if LIGHTNING is not None:
+        monkeypatch.setenv("ATTNLAB_LIGHTNING", LIGHTNING.__name__)
+        assert uvadl._choose_lightning() is LIGHTNING
+        from attnlab.tutorials.uvadl import TransformerPredictor
+        assert issubclass(TransformerPredictor, LIGHTNING.LightningModule)
+
+
+# ---- the Lightning modules -----------------------------------------------------------------------
 
 TUTORIAL_KEYS = [  # the state dict of the tutorial's TransformerPredictor with one layer
     "input_net.1.weight", "input_net.1.bias",
-    "transformer.layers.0.self_attn.qkv_proj.weight", "transformer.layers.0.self_attn.qkv_proj.bias",
+    "transformer.layers.0.self_attn.qkv_proj.weight",
+    "transformer.layers.0.self_attn.qkv_proj.bias",
     "transformer.layers.0.self_attn.o_proj.weight", "transformer.layers.0.self_attn.o_proj.bias",
     "transformer.layers.0.linear_net.0.weight", "transformer.layers.0.linear_net.0.bias",
     "transformer.layers.0.linear_net.3.weight", "transformer.layers.0.linear_net.3.bias",

@@ -2,18 +2,19 @@
 and mask conventions: replace a tutorial's definitions with one import and the rest of its
 notebook runs unchanged, on attnlab's operators.
 
-| module | tutorial | mask convention there (converted at the module's boundary) |
-|---|---|---|
-| ``attnlab.tutorials.uvadl`` | UvA DL "Transformers and Multi-Head Attention" | any dtype, ``mask == 0`` blocked (a float ``torch.tril(torch.ones(L, L))`` is causal) |
-| ``attnlab.tutorials.neuromatch`` | Neuromatch W1D5 Tutorial 3 "Attention" | no masks |
-| ``attnlab.tutorials.permutation_lab`` | the permutation-composition attention lab | boolean, ``True`` = blocked |
-| ``attnlab.tutorials.nyu`` | the NYU self-attention notebook | no masks |
+- ``attnlab.tutorials.uvadl``: UvA DL "Transformers and Multi-Head Attention". Masks of any
+  dtype, ``mask == 0`` blocked (a float ``torch.tril(torch.ones(L, L))`` is causal).
+- ``attnlab.tutorials.neuromatch``: Neuromatch W1D5 Tutorial 3 "Attention". No masks.
+- ``attnlab.tutorials.permutation_lab``: the permutation-composition attention lab. Boolean
+  masks, ``True`` = blocked (``get_autoregressive_mask`` is True above the diagonal).
+- ``attnlab.tutorials.nyu``: the NYU self-attention notebook. No masks.
 
-The core (``attnlab.scaled_dot_product_attention``, ``attnlab.nn``) keeps one convention, that
-of ``torch.nn.functional.scaled_dot_product_attention``: boolean ``True`` = may attend, a float
-mask is added to the scores. A query whose keys are all masked gets zeros everywhere in
-attnlab (the tutorials give uniform weights or NaN there). Each module's docstring lists the
-differences that remain. The modules are imported on first use (``uvadl`` imports Lightning).
+Each module converts its tutorial's masks at its boundary. The core
+(``attnlab.scaled_dot_product_attention``, ``attnlab.nn``) keeps one convention, that of
+``torch.nn.functional.scaled_dot_product_attention``: boolean ``True`` = may attend, a float
+mask is added to the scores. A query whose keys are all masked gets zeros everywhere in attnlab
+(the tutorials give uniform weights or NaN there). Each module's docstring lists the differences
+that remain. The modules are imported on first use (``uvadl`` imports Lightning).
 """
 
 import importlib

@@ -42,7 +42,7 @@ def from_notebook(name: str, value, function: str, default=_MISSING):
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """``value`` as an int when it is an integer >= ``minimum``; a ValueError naming it otherwise."""
+    """``value`` when it is an integer >= ``minimum``; a ValueError naming it otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value

@@ -134,14 +134,15 @@ class SelfAttention(torch.nn.Module):
                           self.Wq.weight, self.Wk.weight, self.Wv.weight):
             torch.nn.init.normal_(parameter, std=init_std)
 
-    def forward(self, x: torch.Tensor, elaborate: bool = False):
+    def forward(self, x: torch.Tensor, elaborate: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: tokens ``[B, T]`` (int64, 0 or 1).
 
         Returns:
             ``output`` ``[B, 1]`` = sigmoid(linear(attention)); with ``elaborate`` the tuple
-            ``(logits, scores, attention, output)``: logits = Q·Kᵀ/√d ``[B, T, T]`` before the
-            softmax, scores = the softmax weights ``[B, T, T]`` (no gradient), attention =
-            scores·V ``[B, T]``, output.
+                ``(logits, scores, attention, output)``: logits = Q·Kᵀ/√d ``[B, T, T]`` before the
+                softmax, scores = the softmax weights ``[B, T, T]`` (no gradient), attention =
+                scores·V ``[B, T]``, output.
         """
         _check_tokens(x, self.T, "SelfAttention")
         h = self.tokenizer(x) + self.positioner
@@ -263,7 +264,7 @@ class s_Sparse_AND:  # noqa: N801  (the tutorial's name)
         targets, others = X[:, self.f_i], X[:, self.others]
         return bool((targets.unsqueeze(2) == others.unsqueeze(1)).all(dim=0).any())
 
-    def generate(self, m: int, verbose: bool = False):
+    def generate(self, m: int, verbose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``m`` samples.
 
         Returns:
@@ -328,12 +329,12 @@ class s_Sparse_AND_Query:  # noqa: N801  (the tutorial's name)
         """Draws new target sets."""
         self.pick_an_f()
 
-    def generate(self, m: int, verbose: bool = False):
+    def generate(self, m: int, verbose: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``m`` samples.
 
         Returns:
             The pair ``(X, y)``: X ``[m, T]`` int64 (the bits, then the rule bit), y ``[m, 1]``
-            float labels.
+                float labels.
         """
         check_positive_int("m", m)
         z = torch.randint(0, 2, (m, self.k))
@@ -391,7 +392,7 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, optimizer, criterion):
         self.model, self.optimizer, self.criterion = model, optimizer, criterion
 
-    def do_eval(self, X_v: torch.Tensor, y_v: torch.Tensor, device="cpu"):
+    def do_eval(self, X_v: torch.Tensor, y_v: torch.Tensor, device="cpu") -> tuple[float, float]:
         """Loss and accuracy on ``(X_v, y_v)``.
 
         Returns:
@@ -407,12 +408,13 @@ class Trainer:
         self.model.to("cpu")
         return loss.item(), accuracy
 
-    def do_train(self, n_epochs: int, X_t: torch.Tensor, y_t: torch.Tensor, device="cpu"):
+    def do_train(self, n_epochs: int, X_t: torch.Tensor, y_t: torch.Tensor,
+                 device="cpu") -> tuple[list[float], list[float]]:
         """``n_epochs`` full-batch steps on ``(X_t, y_t)``.
 
         Returns:
             The pair ``(train_loss, train_acc)``: lists with the values of the first epoch and of
-            every tenth.
+                every tenth.
         """
         check_positive_int("n_epochs", n_epochs)
         train_loss, train_acc = [], []
@@ -435,7 +437,8 @@ class Trainer:
 
 
 def make_train(model: torch.nn.Module, data_gen, B_t: int, B_v: int, n_epochs: int,
-               device="cpu", kind: str = "MLP", verbose: bool = False, etta: float = 1e-2):
+               device="cpu", kind: str = "MLP", verbose: bool = False,
+               etta: float = 1e-2) -> tuple[float, float, float, float, int]:
     """Draws ``B_t`` training and ``B_v`` validation samples from ``data_gen``, trains ``model``
     full batch for ``n_epochs`` with Adam (learning rate ``etta``) on the binary cross-entropy
     (``BCELoss``), and evaluates it. ``kind="MLP"`` feeds the bits as floats, anything else as
@@ -443,7 +446,7 @@ def make_train(model: torch.nn.Module, data_gen, B_t: int, B_v: int, n_epochs: i
 
     Returns:
         The tuple ``(t_loss, t_acc, v_loss, v_acc, model_np)``: the last recorded training loss
-        and accuracy, the validation loss and accuracy, and the number of parameters.
+            and accuracy, the validation loss and accuracy, and the number of parameters.
     """
     check_positive_int("B_t", B_t)
     check_positive_int("B_v", B_v)
@@ -499,7 +502,7 @@ def set_device() -> str:
 
 
 def gained_dot_product_attention(x: torch.Tensor, q_1: torch.Tensor, q_2: torch.Tensor,
-                                 z_1: float, z_2: float):
+                                 z_1: float, z_2: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Exercise 1: the weights w = softmax(z₁·q₁ + z₂·q₂) over the T inputs and the output
     y = w·x, as one query attending over T keys whose scores are the gained queries (through
     attnlab's operator, the scores entering as an additive mask).
@@ -528,7 +531,7 @@ gained_dot_product_attention_implemented = gained_dot_product_attention
 
 # ---- plots -------------------------------------------------------------------------------------
 
-def plot_loss_accuracy(t_loss, t_acc, v_loss=None, v_acc=None, show: bool = True):
+def plot_loss_accuracy(t_loss, t_acc, v_loss=None, v_acc=None, show: bool = True) -> Figure | None:
     """Training loss (log scale) and accuracy curves, the validation values as stars at the end.
 
     Returns:
@@ -553,7 +556,7 @@ def plot_loss_accuracy(t_loss, t_acc, v_loss=None, v_acc=None, show: bool = True
 
 
 def plot_samples(X_plot: torch.Tensor, y_plot: torch.Tensor, correct_ids, title=None,
-                 show: bool = True):
+                 show: bool = True) -> Figure | None:
     """The samples as rows of black (1) and white (0) cells, the target columns ``correct_ids``
     boxed, each sample's label beside it.
 
@@ -582,7 +585,7 @@ def _box(ax, columns, bottom: float, height: float) -> None:
 
 
 def plot_attention_weights(att_weights, correct_ids, context_length: int, labels,
-                           show: bool = True):
+                           show: bool = True) -> Figure | None:
     """The last token's attention weights over the ``context_length`` tokens before it, every
     sample of the batch as dots coloured by its label, the targets ``correct_ids`` boxed.
     ``att_weights`` are the scores ``[B, T, T]`` of ``SelfAttention(x, elaborate=True)``.
@@ -607,7 +610,7 @@ def plot_attention_weights(att_weights, correct_ids, context_length: int, labels
 
 
 def plot_attention_weights_stats(att_weights, correct_ids, context_length: int, labels,
-                                 show: bool = True):
+                                 show: bool = True) -> Figure | None:
     """The mean ± standard deviation over the batch of the last token's attention weights per
     input index, the targets ``correct_ids`` boxed.
 
@@ -627,7 +630,7 @@ def plot_attention_weights_stats(att_weights, correct_ids, context_length: int, 
 
 
 def plot_compare(results_sat_d, results_sat_s, results_mlp_d, results_mlp_s,
-                 B_t_sat_s, B_t_sat_d, B_t_mlp_s, B_t_mlp_d, show: bool = True):
+                 B_t_sat_s, B_t_sat_d, B_t_mlp_s, B_t_mlp_d, show: bool = True) -> Figure | None:
     """The four ``make_train`` results side by side (rows SAT and MLP, columns sparse and
     dense): parameters, training samples, training and validation accuracy.
 
@@ -652,7 +655,7 @@ def plot_compare(results_sat_d, results_sat_s, results_mlp_d, results_mlp_s,
     return show_or_return(fig, show)
 
 
-def plot_weights_and_output(gain_1: float, gain_2: float, show: bool = True):
+def plot_weights_and_output(gain_1: float, gain_2: float, show: bool = True) -> Figure | None:
     """Exercise 1's picture for the gains z₁ = ``gain_1``, z₂ = ``gain_2``: T = 20, x = a noisy
     sine, q₁ weighting the start and q₂ the end; prints y and shows q₁, q₂, w and x.
 
@@ -668,7 +671,7 @@ def plot_weights_and_output(gain_1: float, gain_2: float, show: bool = True):
 
 @torch.no_grad()
 def plot_attention_graph(model: SelfAttention, data_generator: s_Sparse_AND_Query, m: int,
-                         show: bool = True):
+                         show: bool = True) -> Figure | None:
     """The rule task's "attention graph": for ``m`` fresh samples of ``data_generator``, the
     quantity Σⱼ scores[i, j]·linear.weight[j] of every position i, averaged over the positive
     samples of each rule, drawn as edges from the inputs to the output (one panel per rule,

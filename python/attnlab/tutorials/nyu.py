@@ -53,7 +53,8 @@ class MultiHeadAttention(_attnlab_nn.MultiHeadAttention):
     """``MultiHeadAttention(d_model, num_heads, p, d_input=None)``: see the module notes. ``p``
     (dropout) is kept and, as in the notebook, not used."""
 
-    def scaled_dot_product_attention(self, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor):
+    def scaled_dot_product_attention(self, Q: torch.Tensor, K: torch.Tensor,
+                                     V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """softmax(Q·Kᵀ/√d_k)·V with d_k = d_model / num_heads.
 
         Args:
@@ -90,7 +91,8 @@ class MultiHeadAttention(_attnlab_nn.MultiHeadAttention):
                              f"{self.d_k}], got {list(x.shape)}")
         return super().group_heads(x)
 
-    def forward(self, X_q: torch.Tensor, X_k: torch.Tensor, X_v: torch.Tensor):
+    def forward(self, X_q: torch.Tensor, X_k: torch.Tensor,
+                X_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """X_q ``[B, L_q, d_xq]``, X_k ``[B, L_k, d_xk]``, X_v ``[B, L_k, d_xv]``.
 
         Returns:
@@ -314,7 +316,7 @@ def key_value_demo() -> dict:
 
     Returns:
         A dict with ``K``, ``V`` and, for each of ``"one_key"``, ``"two_keys"`` and ``"three"``,
-        the triple ``(Q, H, A)``.
+            the triple ``(Q, H, A)``.
     """
     temp_mha = MultiHeadAttention(d_model=512, num_heads=8, p=0)
     K = torch.tensor([[10, 0, 0], [0, 10, 0], [0, 0, 10], [0, 0, 10]]).float()[None, None]

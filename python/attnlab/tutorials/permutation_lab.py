@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from matplotlib.figure import Figure
 from torch import nn
 
 from .. import nn as _attnlab_nn
@@ -47,7 +48,7 @@ __all__ = [
 ]
 
 
-def perm_generator(batch_size: int, perm_size: int):
+def perm_generator(batch_size: int, perm_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fresh batch (torch's global generator): inputs = two random permutations p₁, p₂ of
     0..perm_size−1 side by side, targets = perm_size zeros followed by p₃[i] = p₁[p₂[i]].
 
@@ -225,7 +226,8 @@ def check_model(model: PermMultiplier, num_sequences: int = 5) -> None:
               f"correct {targets[row, n:].tolist()}")
 
 
-def plot_positional_encoder(pos_enc: PositionalEncoder, dims=(1, 2, 3, 4), show: bool = True):
+def plot_positional_encoder(pos_enc: PositionalEncoder, dims=(1, 2, 3, 4),
+                            show: bool = True) -> Figure | None:
     """The encoder's table ``[max_len, dim]`` as a heat map and the curves of ``dims``
     (1-based).
 
@@ -236,7 +238,8 @@ def plot_positional_encoder(pos_enc: PositionalEncoder, dims=(1, 2, 3, 4), show:
 
 
 @torch.no_grad()
-def plot_attention_map(model: PermMultiplier, sequence: torch.Tensor, show: bool = True):
+def plot_attention_map(model: PermMultiplier, sequence: torch.Tensor,
+                       show: bool = True) -> Figure | None:
     """The model's attention weights for one ``sequence`` ``[2n]``, the cells (n + i, p₂[i]) —
     where p₃[i] = p₁[p₂[i]] is read — framed.
 

@@ -96,7 +96,7 @@ def expand_mask(mask: torch.Tensor) -> torch.Tensor:
 
 
 def scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       mask: torch.Tensor | None = None):
+                       mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(q·kᵀ/√d_k) · v over the last two dimensions, through attnlab's operator.
 
     Args:
@@ -108,8 +108,8 @@ def scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Returns:
         The pair ``(values, attention)`` in the tutorial's order: values ``[..., L_q, d_v]``
-        and the weights ``[..., L_q, L_k]`` (no gradient). A query whose keys are all masked
-        gets zeros in both (the tutorial gives it uniform weights).
+            and the weights ``[..., L_q, L_k]`` (no gradient). A query whose keys are all masked
+            gets zeros in both (the tutorial gives it uniform weights).
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, tensor)
@@ -287,7 +287,7 @@ class SetAnomalyDataset(data.Dataset):
 
 # ---- plots -------------------------------------------------------------------------------------
 
-def plot_attention_maps(input_data, attn_maps, idx: int = 0, show: bool = True):
+def plot_attention_maps(input_data, attn_maps, idx: int = 0, show: bool = True) -> Figure | None:
     """The attention maps of example ``idx``: rows = layers, columns = heads, query on the y
     axis (``origin="lower"``), tick labels = the input tokens (``input_data[idx]``, or the
     positions when ``input_data`` is None).
@@ -305,7 +305,7 @@ def plot_attention_maps(input_data, attn_maps, idx: int = 0, show: bool = True):
 
 
 def visualize_exmp(indices: torch.Tensor, orig_dataset, mean=DATA_MEANS, std=DATA_STD,
-                   show: bool = True):
+                   show: bool = True) -> Figure | None:
     """The images of the sets ``indices`` ``[sets, set_size]`` from ``orig_dataset`` (items
     ``(image [C, H, W], label)``, normalised with ``mean``/``std``), one set per row, the
     anomaly last.
@@ -544,7 +544,8 @@ def _need_lightning(function: str) -> None:
 
 
 def train_reverse(train_loader=None, val_loader=None, test_loader=None, checkpoint_path=None,
-                  max_epochs: int = 10, trainer_args: dict | None = None, **kwargs):
+                  max_epochs: int = 10, trainer_args: dict | None = None,
+                  **kwargs) -> tuple[nn.Module, dict]:
     """The tutorial's ``train_reverse(**kwargs)``: a Trainer (``max_epochs`` 10, gradient
     clipping 5, the checkpoint with the best ``val_acc`` kept), ``ReversePredictor(max_iters =
     max_epochs × batches, **kwargs)`` trained, or loaded from ``checkpoint_path/ReverseTask.ckpt``
@@ -570,7 +571,7 @@ def train_reverse(train_loader=None, val_loader=None, test_loader=None, checkpoi
 
 def train_anomaly(train_anom_loader=None, val_anom_loader=None, test_anom_loader=None,
                   checkpoint_path=None, max_epochs: int = 100, trainer_args: dict | None = None,
-                  **kwargs):
+                  **kwargs) -> tuple[nn.Module, dict]:
     """The tutorial's ``train_anomaly(**kwargs)``: as ``train_reverse`` with
     ``AnomalyPredictor``, ``max_epochs`` 100, gradient clipping 2, the best checkpoint reloaded
     after training (or ``checkpoint_path/SetAnomalyTask.ckpt`` loaded when it exists), then

@@ -12,10 +12,11 @@ import torch.nn.functional as F
 import torch.utils.data as data
 
 import attnlab
-from attnlab.tutorials.uvadl import (LIGHTNING, CosineWarmupScheduler, EncoderBlock,
-                                     MultiheadAttention, PositionalEncoding, ReverseDataset,
-                                     SetAnomalyDataset, TransformerEncoder, expand_mask,
-                                     plot_attention_maps, scaled_dot_product, seed_42_example)
+from attnlab.tutorials.uvadl import (DATA_MEANS, DATA_STD, LIGHTNING, CosineWarmupScheduler,
+                                     EncoderBlock, MultiheadAttention, PositionalEncoding,
+                                     ReverseDataset, SetAnomalyDataset, TransformerEncoder,
+                                     expand_mask, plot_attention_maps, scaled_dot_product,
+                                     seed_42_example, visualize_exmp)
 
 needs_lightning = pytest.mark.skipif(LIGHTNING is None, reason="Lightning is not installed "
                                      "(pip install lightning)")
@@ -228,6 +229,15 @@ def test_plot_attention_maps_grid_and_ticks():
                                                                data_input[1].tolist()]
     np.testing.assert_allclose(first.images[0].get_array(), attention_maps[0][1, 0].numpy())
     assert plot_attention_maps(None, attention_maps, idx=0, show=True) is None  # not IPython
+
+    images = torch.rand(30, 3, 8, 8)  # an image data set normalised as the tutorial's CIFAR
+    mean, std = torch.tensor(DATA_MEANS).view(3, 1, 1), torch.tensor(DATA_STD).view(3, 1, 1)
+    test_set = [(((image - mean) / std).float(), 0) for image in images]
+    indices = torch.randint(30, (2, 10))
+    fig = visualize_exmp(indices, test_set, show=False)
+    assert len(fig.axes) == 20
+    np.testing.assert_allclose(fig.axes[11].images[0].get_array(),
+                               images[indices[1, 1]].permute(1, 2, 0).numpy(), atol=1e-6)
 
 
 # ---- data sets -----------------------------------------------------------------------------------

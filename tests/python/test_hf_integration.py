@@ -472,3 +472,17 @@ def test_cuda_matches_eager(name, monkeypatch):
     for mine, theirs in zip(out.attentions, ref.attentions):
         assert_rel(mine[rows], theirs[rows], 1e-5, "attentions")
     assert_gradients(grads, ref_grads, 1e-5)
+
+
+def test_attentions_plot_with_attention_grid(one_thread):
+    """out.attentions is what attnlab.plot.attention_grid draws: one row per layer."""
+    from attnlab.plot import attention_grid
+    _, ours = model_pair("llama")
+    ids, mask = padded_batch("llama")
+    with torch.no_grad():
+        out = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+    fig = attention_grid(out.attentions, index=1)
+    images = [ax for ax in fig.axes if ax.images]
+    assert len(images) == 2 * 4  # layers x heads
+    # the padded second sequence: the first 4 queries (left padding) see nothing
+    assert (images[0].images[0].get_array()[:LENGTH - LENGTHS[1]] == 0).all()

@@ -208,6 +208,24 @@ def test_no_padding_uses_the_causal_flag(name, one_thread, spy):
         assert_rel(mine, theirs, 1e-5, "attentions")
 
 
+@pytest.mark.parametrize("overrides", [dict(scale_attn_by_inverse_layer_idx=True),
+                                       dict(scale_attn_weights=False)],
+                         ids=["scale-by-layer", "unscaled"])
+def test_scaling_follows_the_model(overrides, one_thread, spy):
+    """GPT-2's optional scalings (1/sqrt(d)/(layer + 1), or none at all) reach the operator."""
+    eager, ours = model_pair("gpt2", **overrides)
+    ids, mask = padded_batch("gpt2")
+    with torch.no_grad():
+        ref = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+        out = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+    expected = [8 ** -0.5 / (layer + 1) for layer in range(2)] \
+        if overrides.get("scale_attn_by_inverse_layer_idx") else [1.0, 1.0]
+    assert [call["scale"] for call in spy] == pytest.approx(expected)
+    assert_rel(out.last_hidden_state, ref.last_hidden_state, 1e-5, "hidden")
+    for mine, theirs in zip(out.attentions, ref.attentions):
+        assert_rel(mine, theirs, 1e-5, "attentions")
+
+
 def test_grouped_query_attention_does_not_repeat_keys(one_thread, spy):
     """Llama with 6 query heads on 2 key/value heads: keys reach the operator as
     [B, kv_heads, 1, L, D] (broadcast over the 3 query heads of a group), never repeated."""
@@ -251,8 +269,8 @@ def test_no_length_squared_tensor_without_attentions(name, one_thread):
     for. With padding, transformers' boolean mask is the only one (one byte per entry, shared by
     the heads and layers)."""
     length = 256
-    _, ours = model_pair(name, max_position_embeddings=length, n_positions=length) \
-        if name == "gpt2" else model_pair(name, max_position_embeddings=length)
+    _, ours = model_pair(name, **{"n_positions" if name == "gpt2" else
+                                  "max_position_embeddings": length})
     ids = torch.randint(1, VOCAB, (1, length))
     for mask, output_attentions in ((None, False), (torch.ones_like(ids), True)):
         if mask is not None:

@@ -189,6 +189,9 @@ def test_matches_eager_without_attentions(name, one_thread, spy):
     ref, ref_grads = run(eager, ids, mask, False, loss_weights, defined)
     out, grads = run(ours, ids, mask, False, loss_weights, defined)
     assert out.attentions is None and ref.attentions is None
+    with torch.no_grad():  # other outputs collected: still no weights
+        hidden = ours(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert len(hidden.hidden_states) == eager.config.num_hidden_layers + 1
     assert spy and not any(call["need_weights"] for call in spy)
     assert_rel(out.last_hidden_state[defined], ref.last_hidden_state[defined], 1e-5, "hidden")
     assert_gradients(grads, ref_grads, 1e-5)

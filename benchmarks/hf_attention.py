@@ -14,7 +14,7 @@ attentions too. glibc is told to serve every block of 64 KiB or more with mmap
 in the heap, where a later run would reuse it without the peak showing it.
 
     python benchmarks/hf_attention.py [--model llama|gpt2|bert] [--length 2048] [--layers 4]
-        [--hidden 256] [--heads 4] [--kv-heads N] [--batch 1] [--threads N] [--min-run-time 2.0]
+        [--hidden 256] [--heads 4] [--kv-heads N] [--batch 1] [--threads 1,2] [--min-run-time 2.0]
 """
 
 import argparse
@@ -108,15 +108,18 @@ def main():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--min-run-time", type=float, default=2.0,
                         help="seconds of repeated runs behind each median (default 2.0)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="intra-op threads (default: torch's)")
+    parser.add_argument("--threads", default=None,
+                        help="comma-separated intra-op thread counts to time, e.g. 1,2 "
+                             "(default: 1 and torch's default)")
     parser.add_argument("--skip-memory", action="store_true", help="skip the memory probes")
     parser.add_argument("--probe-memory", choices=list(VARIANTS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    default_threads = torch.get_num_threads()
+    threads = ([int(n) for n in args.threads.split(",")] if args.threads
+               else sorted({1, default_threads}))
 
     if args.probe_memory:
+        torch.set_num_threads(threads[-1])
         print(json.dumps({"extra_mib": probe_memory(args, args.probe_memory)}))
         return
 
@@ -142,21 +145,28 @@ def main():
     del outs, ref
 
     names = list(fns)
-    times = dict(zip(names, compare([fns[n] for n in names], args.min_run_time)))
-    memory = {} if args.skip_memory else memory_table(args)
+    rows = []
+    for count in threads:
+        torch.set_num_threads(count)
+        times = dict(zip(names, compare([fns[n] for n in names], args.min_run_time)))
+        for label, ours, theirs in (("attentions: attnlab vs eager", "attnlab+attn", "eager+attn"),
+                                    ("no attentions: attnlab vs sdpa", "attnlab", "sdpa"),
+                                    ("no attentions: attnlab vs eager", "attnlab", "eager")):
+            rows.append([label, count, f"{times[ours] * 1e3:.1f}", f"{times[theirs] * 1e3:.1f}",
+                         f"{times[theirs] / times[ours]:.2f}"])
+        print(rows[-3:], file=sys.stderr, flush=True)
+    print("Forward, ms (median of alternating rounds); ratio = other / attnlab\n")
+    print(markdown_table(["comparison", "threads", "attnlab ms", "other ms", "ratio"], rows))
 
-    def row(label, ours, theirs):
-        return [label, f"{times[ours] * 1e3:.1f}", f"{times[theirs] * 1e3:.1f}",
-                f"{times[theirs] / times[ours]:.2f}",
-                f"{memory[ours]:.0f}" if memory else "n/a",
-                f"{memory[theirs]:.0f}" if memory else "n/a"]
-
-    print("Forward, ms (median) and peak memory growth, MiB; ratio = other / attnlab\n")
-    print(markdown_table(
-        ["comparison", "attnlab ms", "other ms", "ratio", "attnlab MiB", "other MiB"],
-        [row("output_attentions=True: attnlab vs eager", "attnlab+attn", "eager+attn"),
-         row("no attentions: attnlab vs sdpa", "attnlab", "sdpa"),
-         row("no attentions: attnlab vs eager", "attnlab", "eager")]))
+    if not args.skip_memory:
+        memory = memory_table(args)
+        print(f"\nPeak memory growth of one forward (MiB; {threads[-1]} threads; the returned "
+              "attentions are included: layers x batch x heads x L x L x 4 bytes = "
+              f"{args.layers * args.batch * args.heads * args.length ** 2 * 4 / 2 ** 20:.0f} "
+              "MiB)\n")
+        print(markdown_table(["variant", "attn_implementation", "output_attentions", "MiB"],
+                             [[name, *VARIANTS[name], f"{memory[name]:.0f}"]
+                              for name in VARIANTS]))
 
 
 if __name__ == "__main__":

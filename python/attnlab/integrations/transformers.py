@@ -95,8 +95,10 @@ def _weights_requested(output_attentions) -> bool:
     Models decorated with transformers' ``capture_outputs`` collect the attentions through hooks
     on the attention modules; the collector of the running forward lists ``"attentions"`` (or
     ``"cross_attentions"``, ...) when they were requested, and some models (GPT-2) do not pass
-    ``output_attentions`` on to the attention function at all. A model without that machinery
-    passes ``output_attentions`` itself.
+    ``output_attentions`` on to the attention function at all. Others pass
+    ``output_attentions`` down, which is honoured too. (Without the collector, in another
+    transformers version, GPT-2-like models would then return no attentions, never wrong ones;
+    the tests catch it.)
     """
     if output_attentions:
         return True

@@ -1,0 +1,216 @@
+"""attnlab as an attention backend for Hugging Face ``transformers`` models.
+
+Importing this module registers the name ``"attnlab"`` with transformers' ``AttentionInterface``
+(the attention function) and ``AttentionMaskInterface`` (the masks it is given), so any model
+that accepts ``attn_implementation`` runs every attention layer through
+:func:`attnlab.functional.scaled_dot_product_attention`::
+
+    import attnlab.integrations.transformers  # registers "attnlab"
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(path, attn_implementation="attnlab")   # or from_config
+    out = model(**batch, output_attentions=True)
+    out.attentions       # one [batch, heads, q, k] tensor per layer, from the fused kernel
+
+- **Attention weights** are computed only when the model is asked for them
+  (``output_attentions=True`` in the call); they then come from the same fused computation as the
+  output (``need_weights=True``), and are not differentiable. Otherwise no ``L x L`` weights
+  tensor is made. transformers refuses ``output_attentions=True`` *in the config* (at
+  ``from_pretrained`` or on ``model.config``) for every implementation but ``"eager"``; ask for
+  them per call instead.
+- **Masks** are transformers' boolean masks (``True`` = may attend), or ``None`` with a causal
+  flag when no padding is present; 4-D masks given by the caller (boolean or additive float)
+  are passed on as they are.
+- **Grouped-query attention** runs without repeating keys and values: the query heads of one
+  group see the same key/value head through broadcasting (query head ``h`` uses key/value head
+  ``h // (num_heads // num_kv_heads)``, as in transformers' ``repeat_kv``).
+- **Dropout on the attention weights is not supported**: a model in training mode with an
+  attention dropout probability above 0 raises ``ValueError`` (set that probability to 0, or use
+  ``model.eval()``). Other features the operator lacks (soft-capping, attention sinks, position
+  biases, paged caches, flash-attention packing arguments) and keyword arguments this backend
+  does not know raise as well, rather than being ignored.
+- A query row whose keys are all masked (e.g. left padding in a causal model) gets a zero output
+  and zero weights; ``"eager"`` gives such rows uniform weights over all keys. Those rows belong
+  to padding tokens, so the outputs at real tokens are the same.
+
+Needs ``pip install attnlab[hf]`` (transformers 5.23 or newer).
+"""
+
+from __future__ import annotations
+
+import torch
+
+try:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+except ImportError as error:
+    raise ImportError(
+        "attnlab.integrations.transformers needs Hugging Face transformers (5.23 or newer): "
+        "pip install attnlab[hf]") from error
+
+try:  # where transformers keeps the outputs (attentions, hidden states) a forward should collect
+    from transformers.utils.output_capturing import _active_collector
+except ImportError:  # pragma: no cover - other transformers versions
+    _active_collector = None
+
+from .. import functional
+
+NAME = "attnlab"
+"""The ``attn_implementation`` name this module registers."""
+
+# Keyword arguments models pass to their attention function that do not change what the
+# attention computes here (transformers has already folded them into the mask, or they are for
+# other parts of the model), so the backend may ignore them.
+_IGNORED_KWARGS = frozenset({
+    "position_ids",            # positions; packed sequences are already in the mask
+    "cache_position",
+    "use_cache",
+    "past_key_values",         # the layer has already updated the cache and passes its keys
+    "output_hidden_states",
+    "output_router_logits",
+    "num_items_in_batch",
+    "encoder_hidden_states",   # cross attention: its keys/values are already projected
+    "sliding_window",          # the mask transformers builds already holds the window
+    "return_dict",
+})
+
+# Features that change the result and that the operator does not have: refused unless unset.
+_UNSUPPORTED_KWARGS = {
+    "softcap": "soft-capping of the attention logits",
+    "s_aux": "attention sinks (s_aux)",
+    "position_bias": "an additive position bias passed beside the mask",
+    "cache": "paged attention caches",
+    "head_mask": "head masks",
+    "cu_seq_lens_q": "flash-attention packing arguments (give position_ids instead)",
+    "cu_seq_lens_k": "flash-attention packing arguments (give position_ids instead)",
+    "max_length_q": "flash-attention packing arguments (give position_ids instead)",
+    "max_length_k": "flash-attention packing arguments (give position_ids instead)",
+    "seq_idx": "packed-sequence indices (give position_ids instead)",
+}
+
+
+def _weights_requested(output_attentions) -> bool:
+    """Whether the running forward asks for attention weights.
+
+    Models decorated with transformers' ``capture_outputs`` collect the attentions through hooks
+    on the attention modules; the collector of the running forward lists ``"attentions"`` (or
+    ``"cross_attentions"``, ...) when they were requested, and some models (GPT-2) do not pass
+    ``output_attentions`` on to the attention function at all. Others pass
+    ``output_attentions`` down, which is honoured too. (Without the collector, in another
+    transformers version, GPT-2-like models would then return no attentions, never wrong ones;
+    the tests catch it.)
+    """
+    if output_attentions:
+        return True
+    if _active_collector is not None:
+        collected = _active_collector.get()
+        if collected and any(key.endswith("attentions") for key in collected):
+            return True
+    return False
+
+
+def _check_kwargs(module: torch.nn.Module, kwargs: dict) -> None:
+    unsupported = [name for name, value in kwargs.items()
+                   if name in _UNSUPPORTED_KWARGS and value is not None]
+    if unsupported:
+        what = ", ".join(f"{name} ({_UNSUPPORTED_KWARGS[name]})" for name in unsupported)
+        raise ValueError(f"attn_implementation='{NAME}': {type(module).__name__} passed {what}, "
+                         "which attnlab's attention does not support; use "
+                         "attn_implementation='eager' for this model")
+    unknown = sorted(name for name, value in kwargs.items()
+                     if name not in _IGNORED_KWARGS and name not in _UNSUPPORTED_KWARGS
+                     and value is not None)
+    if unknown:
+        raise TypeError(f"attn_implementation='{NAME}': {type(module).__name__} passed the "
+                        f"keyword argument(s) {', '.join(map(repr, unknown))}, which this "
+                        "backend does not know how to honour; use attn_implementation='eager' "
+                        "or report the model")
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: torch.Tensor | None,
+                      dropout: float = 0.0, scaling: float | None = None,
+                      is_causal: bool | None = None, output_attentions: bool | None = None,
+                      **kwargs):
+    """The attention function transformers calls for ``attn_implementation="attnlab"``.
+
+    Args:
+        module: the attention layer calling (read for ``is_causal`` when the argument is unset).
+        query: ``[B, H, L_q, D]``; key, value: ``[B, H_kv, L_k, D]`` and ``[B, H_kv, L_k, D_v]``,
+            ``H`` a multiple of ``H_kv`` (grouped-query attention).
+        attention_mask: ``None``, or a mask broadcastable to ``[B, H, L_q, L_k]``: boolean
+            (``True`` = may attend) or floating point (added to the scores).
+        dropout: attention dropout probability; must be 0 (``ValueError`` otherwise).
+        scaling: multiplies the scores; ``1/sqrt(D)`` when ``None``.
+        is_causal: whether the layer is causal (default ``module.is_causal``, else ``True``);
+            used only when ``attention_mask`` is ``None`` and ``L_q > 1``, as transformers'
+            masks already hold causality otherwise.
+        output_attentions: ask for the weights; they are also computed whenever the running
+            model forward collects attentions.
+        **kwargs: what models pass besides; those that do not change the attention are ignored,
+            anything else raises ``TypeError`` / ``ValueError``.
+
+    Returns:
+        ``(output [B, L_q, H, D_v], weights [B, H, L_q, L_k] or None)``.
+    """
+    _check_kwargs(module, kwargs)
+    if dropout:
+        raise ValueError(
+            f"attn_implementation='{NAME}': {type(module).__name__} asks for attention dropout "
+            f"with p={dropout} (the model is in training mode), and attnlab's attention has no "
+            "dropout; set the model's attention dropout probability to 0 in its config "
+            "(attention_probs_dropout_prob, attn_pdrop, attention_dropout, ... depending on the "
+            "model), or call model.eval()")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(f"attn_implementation='{NAME}': query, key and value must be "
+                         f"[batch, heads, length, head_dim], got {tuple(query.shape)}, "
+                         f"{tuple(key.shape)}, {tuple(value.shape)}")
+    heads, kv_heads = query.shape[1], key.shape[1]
+    if value.shape[1] != kv_heads or heads % kv_heads:
+        raise ValueError(f"attn_implementation='{NAME}': query has {heads} heads, key "
+                         f"{kv_heads} and value {value.shape[1]}; key and value need the same "
+                         "number of heads, dividing the query's")
+    need_weights = _weights_requested(output_attentions)
+    q_length = query.shape[2]
+    if is_causal is None:
+        is_causal = getattr(module, "is_causal", True)
+    # transformers hands over no mask when a plain causal (or no) mask would do; a mask it gives
+    # already holds causality. A single query (decoding) sees every cached key.
+    causal = bool(is_causal) and attention_mask is None and q_length > 1
+
+    mask = attention_mask
+    if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
+        mask = mask.to(query.dtype)
+    groups = heads // kv_heads
+    if groups > 1:
+        # Grouped-query attention without repeat_kv: query heads [kv_head, group] against one
+        # key/value head each, broadcast over the group dimension.
+        batch = query.shape[0]
+        query = query.view(batch, kv_heads, groups, q_length, query.shape[-1])
+        key, value = key.unsqueeze(2), value.unsqueeze(2)
+        if mask is not None:
+            if mask.dim() == 4 and mask.shape[1] == heads:
+                mask = mask.unflatten(1, (kv_heads, groups))
+            elif mask.dim() == 4:
+                mask = mask.unsqueeze(2)
+    output, weights = functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, is_causal=causal, scale=scaling,
+        need_weights=need_weights)
+    if groups > 1:
+        output = output.flatten(1, 2)
+        if weights is not None:
+            weights = weights.flatten(1, 2)
+    return output.transpose(1, 2).contiguous(), weights
+
+
+def register() -> None:
+    """Register ``"attnlab"`` with transformers' ``AttentionInterface`` and
+    ``AttentionMaskInterface`` (the masks are transformers' ``sdpa`` masks: boolean, or ``None``
+    when a causal flag suffices). Idempotent; importing this module already calls it."""
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+register()
+
+__all__ = ["NAME", "attention_forward", "register"]

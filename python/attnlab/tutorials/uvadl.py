@@ -437,7 +437,23 @@ if LIGHTNING is not None:
             """Defined by the task's subclass."""
             raise NotImplementedError
 
-    class ReversePredictor(TransformerPredictor):
+    class _LossSteps:
+        """Training, validation and test steps of a task whose ``_calculate_loss(batch, mode)``
+        returns ``(loss, acc)``, as both of the tutorial's tasks define them."""
+
+        def training_step(self, batch, batch_idx):
+            """The training loss of one batch."""
+            return self._calculate_loss(batch, mode="train")[0]
+
+        def validation_step(self, batch, batch_idx):
+            """Logs ``val_loss`` and ``val_acc``."""
+            self._calculate_loss(batch, mode="val")
+
+        def test_step(self, batch, batch_idx):
+            """Logs ``test_loss`` and ``test_acc``."""
+            self._calculate_loss(batch, mode="test")
+
+    class ReversePredictor(_LossSteps, TransformerPredictor):
         """Sequence reversal: batches ``(inp_data, labels)`` of integer sequences, one-hot
         encoded inside, cross-entropy over every position; logs ``{mode}_loss`` and
         ``{mode}_acc``."""
@@ -453,19 +469,7 @@ if LIGHTNING is not None:
             self.log(f"{mode}_acc", acc)
             return loss, acc
 
-        def training_step(self, batch, batch_idx):
-            """The training loss of one batch."""
-            return self._calculate_loss(batch, mode="train")[0]
-
-        def validation_step(self, batch, batch_idx):
-            """Logs ``val_loss`` and ``val_acc``."""
-            self._calculate_loss(batch, mode="val")
-
-        def test_step(self, batch, batch_idx):
-            """Logs ``test_loss`` and ``test_acc``."""
-            self._calculate_loss(batch, mode="test")
-
-    class AnomalyPredictor(TransformerPredictor):
+    class AnomalyPredictor(_LossSteps, TransformerPredictor):
         """Set anomaly detection: batches ``(img_sets, indices, labels)``, no positional
         encoding (a set), one logit per element and the cross-entropy of the softmax over the
         set; logs ``{mode}_loss`` and ``{mode}_acc`` (the latter per epoch)."""
@@ -479,18 +483,6 @@ if LIGHTNING is not None:
             self.log(f"{mode}_loss", loss)
             self.log(f"{mode}_acc", acc, on_step=False, on_epoch=True)
             return loss, acc
-
-        def training_step(self, batch, batch_idx):
-            """The training loss of one batch."""
-            return self._calculate_loss(batch, mode="train")[0]
-
-        def validation_step(self, batch, batch_idx):
-            """Logs ``val_loss`` and ``val_acc``."""
-            self._calculate_loss(batch, mode="val")
-
-        def test_step(self, batch, batch_idx):
-            """Logs ``test_loss`` and ``test_acc``."""
-            self._calculate_loss(batch, mode="test")
 
 _LIGHTNING_NAMES = ("TransformerPredictor", "ReversePredictor", "AnomalyPredictor")
 

@@ -82,8 +82,9 @@ def _score(output, target) -> torch.Tensor:
                     f"the output, got {type(target).__name__}")
 
 
-def explain(forward: Callable[[], Any], target=None, method: str = "gradient",
-            start_layer: int = 0, **options) -> Explanation:
+def explain(forward: Callable[[], Any],
+            target: int | torch.Tensor | Callable[[Any], torch.Tensor] | None = None,
+            method: str = "gradient", start_layer: int = 0, **options: Any) -> Explanation:
     """Runs ``forward()`` under :func:`record` and returns the relevance of its inputs.
 
     Example::

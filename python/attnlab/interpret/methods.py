@@ -108,7 +108,7 @@ def _layer_matrices(maps, residual: bool, head_fusion: str, start_layer: int, na
     return matrices
 
 
-def rollout(maps, residual: bool = True, head_fusion: str = "mean",
+def rollout(maps: Sequence[torch.Tensor], residual: bool = True, head_fusion: str = "mean",
             start_layer: int = 0) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020): how much each output position draws on each
     input position when attention is followed through every layer.
@@ -136,8 +136,9 @@ def rollout(maps, residual: bool = True, head_fusion: str = "mean",
     return result
 
 
-def attention_flow(maps, residual: bool = True, head_fusion: str = "mean", start_layer: int = 0,
-                   output_positions=None, progress: bool | None = None) -> torch.Tensor:
+def attention_flow(maps: Sequence[torch.Tensor], residual: bool = True, head_fusion: str = "mean",
+                   start_layer: int = 0, output_positions: int | Sequence[int] | None = None,
+                   progress: bool | None = None) -> torch.Tensor:
     """Attention flow (Abnar & Zuidema 2020): the maximum flow from each output position to
     each input position through the graph of layers, with the attention as capacities.
 
@@ -159,7 +160,9 @@ def attention_flow(maps, residual: bool = True, head_fusion: str = "mean", start
 
     Args:
         maps: one tensor ``[batch, heads, L, L]`` per layer, first layer first.
-        residual, head_fusion, start_layer: as in :func:`rollout`.
+        residual: as in :func:`rollout`.
+        head_fusion: as in :func:`rollout`.
+        start_layer: as in :func:`rollout`.
         output_positions: the output positions (rows) to compute, an int or a sequence of
             ints; all when None.
         progress: show a progress bar; automatic when None.
@@ -220,7 +223,8 @@ def _check_positions(positions, length: int) -> list[int]:
     return list(positions)
 
 
-def gradient_relevance(weights, grads, start_layer: int = 0) -> torch.Tensor:
+def gradient_relevance(weights: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                       start_layer: int = 0) -> torch.Tensor:
     """Gradient-weighted relevance (Chefer, Gur & Wolf 2021, "Generic Attention-model
     Explainability", the rule for self-attention).
 

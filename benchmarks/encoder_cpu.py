@@ -14,12 +14,12 @@ from torch import nn
 from attnlab.nn import EncoderBlock
 from common import compare, machine_description, markdown_table
 
-# (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of SPEC.md §1–2.
+# (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of the UvA tutorial.
 SHAPES = [(128, 16, 32, 1, 64), (64, 10, 256, 4, 512)]
 
 
 class PlainEncoderBlock(nn.Module):
-    """The post-norm block of SPEC.md §0 in plain torch ops."""
+    """The tutorials' post-norm encoder block in plain torch ops."""
 
     def __init__(self, d, heads, d_ff):
         super().__init__()

@@ -34,7 +34,7 @@ noise. A network that knows nothing about the task has to find out which bits co
 self-attention head can do that by *looking* at the targets: its query learns to match the keys
 of the target positions, and the weighted mean it returns is large only when they are all 1.
 
-This notebook follows SPEC.md §3 with `attnlab`: the two data generators, a one-head
+This notebook follows the Neuromatch NeuroAI attention tutorial (W1D5, Tutorial 3) with `attnlab`: the two data generators, a one-head
 self-attention model (SAT, 65 parameters, attention through `attnlab.scaled_dot_product_attention`)
 against an MLP baseline (9,729 parameters), the results table over several seeds, a rule task in
 which the last token decides which of two target sets counts, and the gain demo that shows why
@@ -92,7 +92,7 @@ ax.set(xlabel="epoch (one full-batch step)", ylabel="training loss", yscale="log
 fig"""),
     new_markdown_cell("""## The table over seeds
 
-SPEC.md's reference is one unseeded run per row; here every row is the mean ± std over `SEEDS`
+The tutorial's reference is one unseeded run per row; here every row is the mean ± std over `SEEDS`
 seeds (the seed draws the targets, the samples and the initial weights; the SAT and the MLP of a
 seed see the same data)."""),
     new_code_cell("""table = sa.results_table(config, first_seed=SEED, keep_runs=True)
@@ -160,7 +160,7 @@ fig"""),
 BASICS = [
     new_markdown_cell("""# Attention basics
 
-The small demonstrations of SPEC.md §6, each computed with `attnlab`: scaled dot-product
+The tutorials' small demonstrations, each computed with `attnlab`: scaled dot-product
 attention on a 3 × 2 example, attention as a soft key–value lookup, the sinusoidal positional
 encoding, the warm-up schedule, three ways to score a query against keys, and an attention-map
 grid. Everything here takes a second; `ATTNLAB_NOTEBOOK_SMALL=1` changes nothing but the output

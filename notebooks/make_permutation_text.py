@@ -36,7 +36,7 @@ output position n + i the model must say p₃[i] = p₁[p₂[i]]: read the digit
 go to *position* p₂[i] of the sequence, and copy what stands there. The first half of the target
 is zeros and is not scored.
 
-The model (SPEC.md §4) embeds the digits, adds a sinusoidal positional encoding, runs an LSTM
+The model of the permutation-composition lab embeds the digits, adds a sinusoidal positional encoding, runs an LSTM
 over the sequence and lets every LSTM output attend over the embedded sequence; a linear layer
 turns what it reads into 10 logits. The keys are the embedded digits: only the positional
 encoding lets a query ask for "position 7". Its base is 0.1 instead of the usual 10000, which
@@ -68,7 +68,7 @@ base"""),
     new_markdown_cell("""\
 ## The data
 
-SPEC.md's example with n = 5, then a fresh batch with n = 10 as the model sees it."""),
+The lab's example with n = 5, then a fresh batch with n = 10 as the model sees it."""),
     new_code_cell("""\
 example = torch.tensor([[3, 4, 2, 1, 0, 1, 3, 0, 2, 4]])
 print("input  ", example[0].tolist())
@@ -147,7 +147,7 @@ TEXT = [
     new_markdown_cell("""\
 # Text classification: a one-layer transformer reads movie reviews
 
-SPEC.md §5: reviews are lower-cased and split into words, cut or padded to 200 tokens and
+As in the NYU self-attention notebook, reviews are lower-cased and split into words, cut or padded to 200 tokens and
 mapped to the 50,000 most frequent training words (index 0 = unknown word, 1 = padding). The
 classifier adds a learnable position table started at the sinusoids to the word embeddings,
 runs one encoder layer built on the cross-style `attnlab.nn.MultiHeadAttention` (2 heads,
@@ -185,7 +185,7 @@ print(text.tokenize(review))"""),
     new_markdown_cell("""\
 ## The recipe
 
-On IMDB: SPEC.md's recipe (AdamW at 1e-3, batch 164, 10 epochs; `fast_config` in small mode).
+On IMDB: the notebook's recipe (AdamW at 1e-3, batch 164, 10 epochs; `fast_config` in small mode).
 The demo corpus is a hundred times smaller: batches of 16 give it enough steps, and the small
 mode trains at a higher rate (1e-2) for 4 epochs."""),
     new_code_cell("""\

@@ -1,4 +1,4 @@
-// Trains the sequence-reversal model of SPEC.md §1 with LibTorch and attnlab's modules alone:
+// Trains the UvA tutorial's sequence-reversal model with LibTorch and attnlab's modules alone:
 // sequences of 16 digits, one-hot in, the reversed sequence out.
 //
 //   train_reversal [--epochs 10] [--train 50000] [--test 10000] [--seed 0] [--min-accuracy A]
@@ -42,7 +42,7 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// The per-token predictor of SPEC.md §0: input Linear, positional encoding, one encoder
+// The tutorials' per-token predictor: input Linear, positional encoding, one encoder
 // layer (1 head, d_ff = 2·d), output net Linear → LayerNorm → ReLU → Linear.
 struct ReversalModelImpl : torch::nn::Module {
   ReversalModelImpl()

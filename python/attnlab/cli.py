@@ -120,7 +120,7 @@ def refuse_several_processes(command: str) -> None:
 
 
 def run_sparse_and(args: argparse.Namespace) -> int:
-    """The sparse-AND table of SPEC.md §3 over several seeds, with its plots."""
+    """The sparse-AND table of the Neuromatch attention tutorial over several seeds, with its plots."""
     from .tasks import sparse_and
     refuse_several_processes("sparse-and")
     make_config = sparse_and.fast_config if args.fast else sparse_and.default_config
@@ -141,7 +141,7 @@ def run_sparse_and(args: argparse.Namespace) -> int:
 
 
 def run_rule_and(args: argparse.Namespace) -> int:
-    """The SAT on the rule task (SPEC.md §3): its attention graph and target recovery."""
+    """The SAT on the Neuromatch tutorial's rule task: its attention graph and target recovery."""
     from . import plot
     from .tasks import sparse_and
     refuse_several_processes("rule-and")
@@ -246,10 +246,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(handler=run_demo)
 
     add_experiment_parser(
-        commands, "reverse", "train the sequence-reversal transformer (SPEC.md §1) and plot its "
+        commands, "reverse", "train the sequence-reversal transformer of the UvA tutorial and plot its "
         "attention", "a small configuration (about 10 s) that still reaches 99 %%")
     anomaly = add_experiment_parser(
-        commands, "anomaly", "train the set-anomaly transformer (SPEC.md §2) on Fashion-MNIST "
+        commands, "anomaly", "train the set-anomaly transformer of the UvA tutorial on Fashion-MNIST "
         "features", "3 short epochs (about half a minute)")
     anomaly.add_argument("--dataset", choices=["fashion-mnist", "cifar100"],
                          help="fashion-mnist (default: features of a small CNN trained here) or "
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "to for the ResNet (default 224)")
     permutation = add_experiment_parser(
         commands, "permutation", "train the LSTM + attention model on permutation composition "
-        "(SPEC.md §4) and plot where it looks", "2 epochs of 300 fresh batches (seconds)")
+        "(the permutation-composition lab) and plot where it looks", "2 epochs of 300 fresh batches (seconds)")
     permutation.add_argument("--attention", choices=("additive", "multiplicative", "scaled"),
                              help="how queries score the objects (default scaled)")
     permutation.add_argument("--position", choices=("add", "concat", "none"),
@@ -273,16 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     permutation.add_argument("--autoregressive", action="store_true", default=None,
                              help="query i may attend to positions j <= i only")
     text = add_experiment_parser(
-        commands, "text", "train the sentiment classifier (SPEC.md §5) on an aclImdb folder",
+        commands, "text", "train the sentiment classifier of the NYU self-attention notebook on an aclImdb folder",
         "2 epochs over reviews cut to 100 tokens")
     text.add_argument("--data", help="the aclImdb folder (train|test / pos|neg / *.txt); IMDB "
                       "cannot be downloaded here, so this option is needed")
     sparse_and = commands.add_parser(
-        "sparse-and", help="the sparse-AND table (SPEC.md §3): a 65-parameter self-attention "
+        "sparse-and", help="the sparse-AND table of the Neuromatch attention tutorial: a 65-parameter self-attention "
         "model and an MLP, s = 2 and 4, mean ± std over seeds")
     sparse_and.add_argument("--seeds", type=int, help="seeds per row (default 5, --fast 2)")
     rule_and = commands.add_parser(
-        "rule-and", help="the SAT on the sparse AND with a rule token (SPEC.md §3) and its "
+        "rule-and", help="the SAT on the sparse AND with a rule token (Neuromatch attention tutorial) and its "
         "attention graph")
     for parser_, handler, fast_help in (
             (sparse_and, run_sparse_and, "fewer epochs and 2 seeds (under a minute)"),

@@ -1,4 +1,4 @@
-"""The per-token predictor of SPEC.md §0 ("TransformerPredictor")."""
+"""The per-token predictor of the UvA tutorial ("TransformerPredictor")."""
 
 from __future__ import annotations
 

@@ -185,7 +185,7 @@ def last_token_attention(weights: torch.Tensor, labels: torch.Tensor, targets: S
 
 def sparse_and_results(rows: Sequence[dict]) -> Figure:
     """The four results side by side: validation accuracy and loss per (model, s), mean ± std
-    over seeds as bars, SPEC.md's reference as black diamonds."""
+    over seeds as bars, the tutorial's reference as black diamonds."""
     if len(rows) == 0:
         raise ValueError("sparse_and_results needs at least one row")
     names = [f"{row['model']}, s = {row['s']}\n{row['parameters']:,}\nparameters" for row in rows]
@@ -197,7 +197,7 @@ def sparse_and_results(rows: Sequence[dict]) -> Figure:
         references = [(i, row["reference"][1 if metric == "accuracy" else 2])
                       for i, row in enumerate(rows) if row.get("reference")]
         if references:
-            ax.plot(*zip(*references), "kD", label="reference (SPEC.md)")
+            ax.plot(*zip(*references), "kD", label="the tutorial's run")
             ax.legend(fontsize=8)
         ax.set(ylabel=f"validation {metric}", yscale=scale,
                title=f"validation {metric}, mean ± std over seeds")

@@ -1,4 +1,4 @@
-"""The additive-scores operator and the attention layers of SPEC.md §4."""
+"""The additive-scores operator and the attention layers of the permutation-composition lab."""
 
 import math
 

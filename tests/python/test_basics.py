@@ -1,4 +1,4 @@
-"""The figures of the basics notebook (SPEC.md §6)."""
+"""The figures of the basics notebook (the tutorials' small demonstrations)."""
 
 import pytest
 import torch

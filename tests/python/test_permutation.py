@@ -1,4 +1,4 @@
-"""Permutation composition (SPEC.md §4): the generator's rules, the model, its training and the
+"""Permutation composition (the permutation-composition lab): the generator's rules, the model, its training and the
 command line."""
 
 import dataclasses

@@ -1,4 +1,4 @@
-"""Sparse boolean functions (SPEC.md §3): generators, models, training, rule task, gain demo,
+"""Sparse boolean functions (the Neuromatch attention tutorial): generators, models, training, rule task, gain demo,
 plots and the two commands."""
 
 import json

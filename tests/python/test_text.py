@@ -1,4 +1,4 @@
-"""Text classification (SPEC.md §5): the aclImdb reader, the tokenizer, the classifier, and a
+"""Text classification (the NYU self-attention notebook): the aclImdb reader, the tokenizer, the classifier, and a
 run on a small corpus the test writes."""
 
 import dataclasses

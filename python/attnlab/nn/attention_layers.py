@@ -1,4 +1,4 @@
-"""Attention layers behind one interface (SPEC.md §4): ``get_scores(features, queries)`` and
+"""Attention layers behind one interface (the permutation-composition lab's): ``get_scores(features, queries)`` and
 ``attend(features, queries, mask=None)``, where the features are both keys and values, and the
 detached weights of the last ``attend`` kept as ``last_weights``."""
 

@@ -1,4 +1,4 @@
-"""Multi-head attention in the style of the second tutorial (SPEC.md §0, §5): separate query,
+"""Multi-head attention in the style of the NYU self-attention notebook: separate query,
 key and value projections without bias, queries, keys and values of different widths."""
 
 from __future__ import annotations

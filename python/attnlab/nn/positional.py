@@ -74,7 +74,7 @@ class PositionalEncoder(nn.Module):
 
 
 def sinusoidal_embedding(num_positions: int, dim: int) -> nn.Embedding:
-    """A learnable position-embedding table initialised with the sinusoids (SPEC.md §5)."""
+    """A learnable position-embedding table initialised with the sinusoids (the NYU notebook's)."""
     embedding = nn.Embedding(num_positions, dim)
     with torch.no_grad():
         embedding.weight.copy_(sinusoidal_table(num_positions, dim))

@@ -1,4 +1,4 @@
-"""Set anomaly detection (SPEC.md §2): in a set of ten images, nine share a class; find the
+"""Set anomaly detection (the UvA tutorial): in a set of ten images, nine share a class; find the
 tenth. The model gets frozen CNN features and no positions, so it can only compare the elements
 with each other, through attention. Fashion-MNIST with our own feature CNN by default; the
 tutorial's CIFAR-100 with an ImageNet ResNet-34 for users who have both."""
@@ -60,7 +60,7 @@ class AnomalyConfig:
 
 
 def default_config(seed: int = 0) -> AnomalyConfig:
-    """SPEC.md §2's model and recipe (100 epochs: hours on 2 CPU cores)."""
+    """The UvA tutorial's model and recipe (100 epochs: hours on 2 CPU cores)."""
     return AnomalyConfig(train=dataclasses.replace(AnomalyConfig().train, seed=seed))
 
 

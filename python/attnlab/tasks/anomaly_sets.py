@@ -1,4 +1,4 @@
-"""Sets for the set-anomaly experiment (SPEC.md §2): nine images of one class and, stored last,
+"""Sets for the set-anomaly experiment (the UvA tutorial): nine images of one class and, stored last,
 one image of another class. The model sees no positions, so storing the anomaly last gives
 nothing away."""
 

@@ -1,4 +1,4 @@
-"""Permutation composition (SPEC.md §4): the input is two permutations p₁, p₂ of 0..n−1 side by
+"""Permutation composition (the permutation-composition lab): the input is two permutations p₁, p₂ of 0..n−1 side by
 side, the target at position n + i is p₃[i] = p₁[p₂[i]]. The value sits at input position p₂[i],
 so the query at n + i has to turn the digit it reads, p₂[i], into a position and look there: the
 keys can only tell positions apart when a positional encoding is part of them."""

@@ -1,4 +1,4 @@
-"""Sequence reversal (SPEC.md §1): 16 digits in [0, 10), one-hot in, the reversed sequence out.
+"""Sequence reversal (the UvA tutorial): 16 digits in [0, 10), one-hot in, the reversed sequence out.
 A single attention head learns to look from position i to position 15 − i."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class ReverseConfig:
 
 
 def default_config(seed: int = 0) -> ReverseConfig:
-    """SPEC.md §1 exactly."""
+    """The UvA tutorial's recipe exactly."""
     return ReverseConfig(train=dataclasses.replace(ReverseConfig().train, seed=seed))
 
 

@@ -1,4 +1,4 @@
-"""Sparse boolean functions and context-dependent attention (SPEC.md §3).
+"""Sparse boolean functions and context-dependent attention (the Neuromatch NeuroAI tutorial W1D5 T3).
 
 The label of a bit string is the AND of a few of its bits (the targets). A 65-parameter
 self-attention model ("SAT") can find the targets by attending to them; an MLP with 150 times
@@ -30,7 +30,7 @@ MAX_TRIES = 100
 SPARSE_BIT_PROBABILITY = 0.5 ** (1 / 3)
 RULE_BIT_PROBABILITY = 0.5 ** (1 / 2)
 
-# SPEC.md §3, one unseeded run each: (model, s) -> (parameters, val. accuracy, val. loss).
+# The Neuromatch tutorial's table, one unseeded run each: (model, s) -> (parameters, val. accuracy, val. loss).
 REFERENCE = {("SAT", 2): (65, 0.984, 0.081), ("SAT", 4): (65, 0.932, 3.12),
              ("MLP", 2): (9729, 0.934, 0.151), ("MLP", 4): (9729, 0.974, 0.090)}
 
@@ -300,7 +300,7 @@ class SparseAndConfig:
 
 
 def default_config(seeds: int = 5) -> SparseAndConfig:
-    """SPEC.md §3's recipe, ``seeds`` runs per row."""
+    """The Neuromatch tutorial's recipe, ``seeds`` runs per row."""
     return SparseAndConfig(seeds=seeds)
 
 
@@ -332,7 +332,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool = False,
                   keep_runs: bool = False, device: str | torch.device | None = None) -> dict:
-    """The four rows of SPEC.md §3 (SAT and MLP × each s) over seeds first_seed, ... :
+    """The four rows of the Neuromatch tutorial's table (SAT and MLP × each s) over seeds first_seed, ... :
     ``rows`` (mean ± std of val. accuracy and loss, per-seed values, parameters, seconds) and,
     with ``keep_runs``, ``runs[(model, s)]`` = the run of the first seed (model and data, for
     the plots)."""
@@ -360,7 +360,7 @@ def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool =
 
 
 def format_table(rows: list[dict]) -> str:
-    """The table as text, with SPEC.md's reference beside each row."""
+    """The table as text, with the tutorial's reference beside each row."""
     lines = [f"{'model':5} {'s':>2} {'params':>7}  {'val. accuracy':>15}  {'val. loss':>15}"
              f"   reference (acc. / loss)"]
     for row in rows:

@@ -1,4 +1,4 @@
-"""Text classification (SPEC.md §5): sentiment of movie reviews read from an ``aclImdb`` folder.
+"""Text classification (the NYU self-attention notebook): sentiment of movie reviews read from an ``aclImdb`` folder.
 Word and position embeddings, encoder layers built on the cross-style multi-head attention, a
 max-pool over the sequence and a linear layer to two classes."""
 
@@ -71,7 +71,7 @@ class Vocabulary:
 
 class TextEncoderLayer(nn.Module):
     """Post-norm: x = LayerNorm(x + Dropout(MHA(x, x, x))), x = LayerNorm(x + Dropout(FFN(x)))
-    with FFN = Linear → ReLU → Linear and eps = 1e-6, as in SPEC.md §5."""
+    with FFN = Linear → ReLU → Linear and eps = 1e-6, as in the NYU notebook."""
 
     def __init__(self, d_model: int, num_heads: int, ff_dim: int, dropout: float):
         super().__init__()
@@ -165,7 +165,7 @@ class TextConfig:
 
 
 def default_config(seed: int = 0) -> TextConfig:
-    """SPEC.md §5's model and recipe."""
+    """The NYU notebook's model and recipe."""
     return TextConfig(train=dataclasses.replace(TextConfig().train, seed=seed))
 
 

@@ -41,7 +41,7 @@ OPERATORS = {
                         r"Expected a value of type 'Tensor' for argument 'query'"),
     "query is None": (lambda: sdpa(None, k, v), RuntimeError, r"query is an undefined tensor"),
     "complex query": (lambda: sdpa(q.to(torch.complex64), k, v), RuntimeError,
-                      r"query must be float32 or float64, got ComplexFloat"),
+                      r"query must be float32, float64, float16 or bfloat16 on the CPU, got ComplexFloat"),
     "scale is a string": (lambda: sdpa(q, k, v, scale="0.5"), RuntimeError,
                           r"Expected a value of type 'Optional\[float\]' for argument 'scale'"),
     "mask with the wrong query length": (

@@ -166,7 +166,11 @@ def test_encoder_attention_maps_unchanged_by_fusion():
 
 BAD_INPUTS = [
     (lambda b, x, p: torch.ops.attnlab.encoder_block(x[0], *p, 2), r"x must have shape \[batch"),
-    (lambda b, x, p: torch.ops.attnlab.encoder_block(x.half(), *p, 2), r"x must be float32"),
+    (lambda b, x, p: torch.ops.attnlab.encoder_block(x.half(), *p, 2), r"qkv_weight is Float on cpu but x is Half on cpu"),
+    (lambda b, x, p: torch.ops.attnlab.encoder_block(x.to(torch.int32), *p, 2),
+     r"x must be float32, float64, float16 or bfloat16, got Int"),
+    (lambda b, x, p: torch.ops.attnlab._encoder_block_forward(x.bfloat16(), [t.bfloat16() for t in p], 2, None, False, 1e-5, 1e-5),
+     r"the kernel takes float32 or float64 \(attnlab.encoder_block widens float16 and bfloat16 itself\)"),
     (lambda b, x, p: torch.ops.attnlab.encoder_block(x, *p, 3),
      r"num_heads \(3\) must be positive and divide the width of x \(8\)"),
     (lambda b, x, p: torch.ops.attnlab.encoder_block(x[..., :6], *p, 2),

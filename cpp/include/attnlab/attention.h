@@ -36,8 +36,8 @@ struct EncoderBlockWeights {
   at::Tensor ff1_weight, ff1_bias, ff2_weight, ff2_bias, norm2_weight, norm2_bias;
 };
 
-// One transformer encoder block without dropout, fused into one operator (CPU, float32 or
-// float64). x [B, L, dim]. Post-norm: h = LN1(x + attn(x)), y = LN2(h + ff(h)); pre-norm
+// One transformer encoder block without dropout, fused into one operator (CPU; float32 or
+// float64, and float16 or bfloat16 computed in float32). x [B, L, dim]. Post-norm: h = LN1(x + attn(x)), y = LN2(h + ff(h)); pre-norm
 // (norm_first): h = x + attn(LN1(x)), y = h + ff(LN2(h)); ff = Linear, ReLU, Linear. attn_mask
 // as for scaled_dot_product_attention, broadcastable to [B, heads, L, L] (no gradient).
 // Differentiable in x and every weight.

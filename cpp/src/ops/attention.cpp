@@ -85,12 +85,25 @@ struct PreparedProblem {
   }
 };
 
+bool reduced_precision(const Tensor& t) { return at::isReducedFloatingType(t.scalar_type()); }
+
+Tensor to_float(const Tensor& t) { return t.to(at::kFloat); }
+
 std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const Tensor& key,
                                                      const Tensor& value,
                                                      const std::optional<Tensor>& attn_mask,
                                                      bool is_causal, std::optional<double> scale,
                                                      bool need_weights) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  if (reduced_precision(query)) {
+    // float16 and bfloat16 run through the float32 kernel: the inputs are widened once, every
+    // product and sum is float32, and only the results are rounded (the log-sum-exp stays
+    // float32, as on CUDA).
+    auto [output, lse, weights] = sdpa_forward_cpu(to_float(query), to_float(key),
+                                                   to_float(value), attn_mask, is_causal, scale,
+                                                   need_weights);
+    return {output.to(query.scalar_type()), lse, weights.to(query.scalar_type())};
+  }
   const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
   const auto options = query.options();
   Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
@@ -119,6 +132,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
   checks::sdpa_backward_inputs(grad_output, output, logsumexp, weights, batch, len_q, len_k,
                                dim_v);
+  if (reduced_precision(query)) {
+    // As in the forward: float32 throughout, the gradients rounded at the end.
+    std::optional<Tensor> weights32;
+    if (weights && weights->defined()) weights32 = to_float(*weights);
+    auto [dq, dk, dv, dmask, dweights] = sdpa_backward_cpu(
+        to_float(grad_output), to_float(query), to_float(key), to_float(value), attn_mask,
+        is_causal, scale, to_float(output), logsumexp, weights32, grad_mask, grad_weights);
+    const auto dtype = query.scalar_type();
+    const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
+    return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype),
+            dweights.to(dtype)};
+  }
   // The forward's weights, when it kept them, replace recomputing the probabilities.
   const Tensor probs = weights && weights->numel() > 0 ? weights->contiguous() : Tensor();
   const auto options = query.options();

@@ -35,8 +35,10 @@ void floating_input(const at::Tensor& t, const char* name) {
     TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, kSdpa, ": ",
                 name, " must be float32, float16 or bfloat16 on CUDA, got ", dtype);
   } else {
-    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble, kSdpa, ": ", name,
-                " must be float32 or float64, got ", dtype);
+    TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
+                    dtype == at::kBFloat16,
+                kSdpa, ": ", name, " must be float32, float64, float16 or bfloat16 on the CPU, got ",
+                dtype);
   }
 }
 
@@ -220,8 +222,9 @@ void encoder_block_kinds(const at::Tensor& x, at::TensorList params,
   TORCH_CHECK(x.defined(), kBlock, ": x is an undefined tensor");
   TORCH_CHECK(x.dim() == 3, kBlock, ": x must have shape [batch, length, dim], got shape ",
               shape_str(x.sizes()));
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, kBlock,
-              ": x must be float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble ||
+                  x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16,
+              kBlock, ": x must be float32, float64, float16 or bfloat16, got ", x.scalar_type());
   TORCH_CHECK(x.device().is_cpu(), kBlock, ": runs on the CPU only, x is on ", x.device());
   TORCH_CHECK(params.size() == std::size(kBlockParams), kBlock, ": expected ",
               std::size(kBlockParams), " parameter tensors, got ", params.size());

@@ -68,6 +68,9 @@ std::tuple<Tensor, Tensor> encoder_block_forward_cpu(const Tensor& x, TensorList
                                                      bool norm_first, double norm1_eps,
                                                      double norm2_eps) {
   checks::encoder_block_inputs(x, params, num_heads, attn_mask, norm1_eps, norm2_eps);
+  TORCH_CHECK(!at::isReducedFloatingType(x.scalar_type()),
+              "attnlab._encoder_block_forward: x is ", x.scalar_type(), "; the kernel takes "
+              "float32 or float64 (attnlab.encoder_block widens float16 and bfloat16 itself)");
   const auto shape = block_shape(x, params, num_heads, norm_first);
   const Tensor input = x.contiguous();
   const auto p = contiguous_all(params);
@@ -180,6 +183,21 @@ Tensor encoder_block_composite(const Tensor& x, const Tensor& qkv_weight, const 
   TORCH_CHECK(!attn_mask || !attn_mask->defined() || !attn_mask->requires_grad(),
               "attnlab.encoder_block: attn_mask gets no gradient here; use "
               "attnlab.scaled_dot_product_attention for a learnable mask");
+  if (at::isReducedFloatingType(x.scalar_type())) {
+    // float16 and bfloat16 run through the float32 kernel: x and the parameters are widened
+    // (autograd rounds their gradients back), every product and sum is float32, and only the
+    // output is rounded.
+    std::vector<Tensor> wide;
+    wide.reserve(params.size());
+    for (const Tensor& p : params) wide.push_back(p.to(at::kFloat));
+    const std::optional<Tensor> mask =
+        attn_mask && attn_mask->defined() && attn_mask->is_floating_point()
+            ? std::optional<Tensor>(attn_mask->to(at::kFloat))
+            : attn_mask;
+    return EncoderBlockFunction::apply(x.to(at::kFloat), TensorList(wide), num_heads, mask,
+                                       norm_first, norm1_eps, norm2_eps)[0]
+        .to(x.scalar_type());
+  }
   // As a TensorList, so that autograd sees each parameter as an input of its own.
   return EncoderBlockFunction::apply(x, TensorList(params), num_heads, attn_mask, norm_first,
                                      norm1_eps, norm2_eps)[0];

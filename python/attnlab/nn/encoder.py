@@ -51,12 +51,13 @@ class EncoderBlock(nn.Module):
         return self.norm2(x + self.dropout(self.linear_net(x)))
 
     def _fusable(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
-        """Whether the fused operator computes exactly this forward: on the CPU in float32 or
-        float64, with dropout inactive, no mask that wants a gradient, and no attention
-        recorder active (the fused operator computes attention internally)."""
+        """Whether the fused operator computes this forward: on the CPU in float32, float64,
+        float16 or bfloat16 (the last two computed in float32 and rounded once at the end), with
+        dropout inactive, no mask that wants a gradient, and no attention recorder active (the
+        fused operator computes attention internally)."""
         dropout_active = self.training and (self.dropout.p > 0 or self.linear_net[1].p > 0)
         return (x.device.type == "cpu" and x.dim() == 3
-                and x.dtype in (torch.float32, torch.float64)
+                and x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
                 and x.shape[-1] == self.self_attn.input_dim
                 and x.dtype == self.self_attn.qkv_proj.weight.dtype
                 and not dropout_active and (mask is None or not mask.requires_grad)

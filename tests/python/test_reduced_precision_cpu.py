@@ -1,0 +1,220 @@
+"""float16 and bfloat16 on the CPU: the operator, its gradients, the modules and the fused encoder
+block accept them, compute in float32, and are no less accurate than torch's own SDPA at the same
+dtype (error against a float64 reference of the same rounded inputs at most 2x torch's)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import attnlab
+from attnlab.nn import EncoderBlock, MultiheadAttention
+from reference import attention as reference_attention
+
+DTYPES = [torch.float16, torch.bfloat16]
+EPS = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+
+CASES = {
+    "plain": dict(shape=(3, 2, 17, 16), mask=None, causal=False),
+    "causal": dict(shape=(2, 3, 33, 32), mask=None, causal=True),
+    "bool mask": dict(shape=(2, 2, 9, 8), mask="bool", causal=False),
+    "float mask": dict(shape=(2, 2, 12, 24), mask="float", causal=False),
+    "long keys": dict(shape=(1, 2, 7, 64), mask=None, causal=False, len_k=600),
+    "tutorial shape": dict(shape=(128, 1, 16, 32), mask=None, causal=True),
+}
+
+
+def _inputs(case, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    B, H, L, E = case["shape"]
+    Lk = case.get("len_k", L)
+    q = torch.randn(B, H, L, E, generator=gen).to(dtype)
+    k = torch.randn(B, H, Lk, E, generator=gen).to(dtype)
+    v = torch.randn(B, H, Lk, E, generator=gen).to(dtype)
+    mask = None
+    if case["mask"] == "bool":
+        mask = torch.rand(L, Lk, generator=gen) > 0.3
+        mask[:, 0] = True
+    elif case["mask"] == "float":
+        mask = (torch.randn(B, 1, L, Lk, generator=gen) * 2).to(dtype)
+    return q, k, v, mask
+
+
+def _max_err(x, ref):
+    return (x.double() - ref).abs().max().item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_at_most_twice_torch_error(name, dtype):
+    case = CASES[name]
+    q, k, v, mask = _inputs(case, dtype)
+    ref, _ = reference_attention(q, k, v, mask, case["causal"])
+    out, weights = attnlab.scaled_dot_product_attention(q, k, v, mask, case["causal"])
+    theirs = F.scaled_dot_product_attention(q, k, v, mask, is_causal=case["causal"])
+    assert out.dtype == dtype and out.shape == ref.shape
+    assert weights is None
+    ours_err, torch_err = _max_err(out, ref), _max_err(theirs, ref)
+    assert ours_err <= 2 * torch_err, (ours_err, torch_err)
+    # float32 arithmetic: only the final rounding is left (half an ulp of the largest output).
+    assert ours_err <= EPS[dtype] * ref.abs().max().item(), ours_err
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["plain", "causal", "float mask"])
+def test_weights_are_the_rounded_probabilities(name, dtype):
+    case = CASES[name]
+    q, k, v, mask = _inputs(case, dtype)
+    _, ref_w = reference_attention(q, k, v, mask, case["causal"])
+    out, weights = attnlab.scaled_dot_product_attention(q, k, v, mask, case["causal"],
+                                                        need_weights=True)
+    assert weights.dtype == dtype and weights.shape == ref_w.shape
+    # Relative rounding, and float16's subnormal spacing for the tiniest probabilities.
+    tiny = 2.0 ** -24 if dtype == torch.float16 else 0.0
+    torch.testing.assert_close(weights.double(), ref_w, atol=tiny, rtol=EPS[dtype])
+    # The same float32 result as without weights, up to the last rounding.
+    plain_out, _ = attnlab.scaled_dot_product_attention(q, k, v, mask, case["causal"])
+    torch.testing.assert_close(out.float(), plain_out.float(), rtol=2 * EPS[dtype],
+                               atol=2 * EPS[dtype])
+    if case["causal"]:
+        hidden = ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        assert (weights[..., hidden] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["plain", "causal", "float mask", "long keys"])
+def test_gradients_at_most_twice_torch_error(name, dtype):
+    case = CASES[name]
+    q, k, v, mask = _inputs(case, dtype)
+    if mask is not None:
+        mask = mask.requires_grad_()
+    grad_out = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(1))
+
+    def grads(fn, *inputs):
+        inputs = [t.detach().clone().requires_grad_() if t is not None else None for t in inputs]
+        out = fn(*inputs)
+        leaves = [t for t in inputs if t is not None]
+        return torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+
+    ref = grads(lambda *a: reference_attention(*a, is_causal=case["causal"])[0], q, k, v, mask)
+    ours = grads(lambda *a: attnlab.scaled_dot_product_attention(*a, is_causal=case["causal"])[0],
+                 q, k, v, mask)
+    theirs = grads(lambda *a: F.scaled_dot_product_attention(*a, is_causal=case["causal"]),
+                   q, k, v, mask)
+    for label, mine, other, exact in zip("qkvm", ours, theirs, ref):
+        assert mine.dtype == dtype, label
+        ours_err, torch_err = _max_err(mine, exact), _max_err(other, exact)
+        assert ours_err <= 2 * torch_err + EPS[dtype] * exact.abs().max().item() / 2, \
+            (label, ours_err, torch_err)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_fully_masked_rows_give_zeros(dtype):
+    q, k, v, _ = _inputs(CASES["plain"], dtype)
+    mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+    mask[3] = False
+    q.requires_grad_()
+    out, weights = attnlab.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    assert (out[..., 3, :] == 0).all() and (weights[..., 3, :] == 0).all()
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    assert (q.grad[..., 3, :] == 0).all() and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_forward_and_backward_operators_keep_float32_logsumexp(dtype):
+    q, k, v, _ = _inputs(CASES["causal"], dtype)
+    out, lse, weights = torch.ops.attnlab._sdpa_forward(q, k, v, None, True, None, True)
+    assert out.dtype == dtype and weights.dtype == dtype and lse.dtype == torch.float32
+    ref_lse = torch.logsumexp(
+        (q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(
+            ~torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril(), float("-inf")), -1)
+    torch.testing.assert_close(lse.double(), ref_lse, atol=1e-5, rtol=1e-5)
+    grads = torch.ops.attnlab._sdpa_backward(torch.ones_like(out), q, k, v, None, True, None, out,
+                                              lse, weights, False, True)
+    assert [g.dtype for g in grads[:3]] == [dtype] * 3
+    assert grads[4].dtype == dtype and grads[4].shape == weights.shape
+    # dP = grad_output·valueᵀ everywhere
+    torch.testing.assert_close(grads[4].double(), (torch.ones_like(out).double()
+                                                   @ v.double().transpose(-2, -1)),
+                               atol=0, rtol=EPS[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_opcheck(dtype):
+    q, k, v, mask = _inputs(CASES["float mask"], dtype)
+    torch.library.opcheck(torch.ops.attnlab.scaled_dot_product_attention.default,
+                          (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), mask,
+                           False, None, True))
+    plain = tuple(t.detach() for t in (q, k, v))
+    torch.library.opcheck(torch.ops.attnlab._sdpa_forward.default,
+                          (*plain, mask, True, None, True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_torch_compile_fullgraph(dtype):
+    q, k, v, _ = _inputs(CASES["causal"], dtype)
+
+    def fn(q, k, v):
+        return attnlab.scaled_dot_product_attention(q, k, v, is_causal=True)[0] * 2
+
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_multihead_attention_module(dtype):
+    torch.manual_seed(0)
+    module = MultiheadAttention(16, 16, 4)
+    x = torch.randn(3, 10, 16)
+    half = MultiheadAttention(16, 16, 4).to(dtype)
+    half.load_state_dict({k: t.to(dtype) for k, t in module.state_dict().items()})
+    xh = x.to(dtype).requires_grad_()
+    out, attention = half(xh, mask=torch.ones(10, 10, dtype=torch.bool).tril(),
+                          return_attention=True)
+    assert out.dtype == dtype and attention.dtype == dtype and torch.isfinite(out).all()
+    out.float().square().sum().backward()
+    assert xh.grad.dtype == dtype and half.qkv_proj.weight.grad.dtype == dtype
+    ref = MultiheadAttention(16, 16, 4).double()
+    ref.load_state_dict({k: t.double() for k, t in half.state_dict().items()})
+    expected, expected_attention = ref(x.to(dtype).double(),
+                                       mask=torch.ones(10, 10, dtype=torch.bool).tril(),
+                                       return_attention=True)
+    # The projections run in dtype (torch's Linear), attention in float32.
+    torch.testing.assert_close(out.double(), expected, atol=8 * EPS[dtype], rtol=8 * EPS[dtype])
+    torch.testing.assert_close(attention.double(), expected_attention, atol=8 * EPS[dtype],
+                               rtol=8 * EPS[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_encoder_block_fused_in_float32(dtype, norm_first):
+    torch.manual_seed(0)
+    block = EncoderBlock(16, 2, 32, dropout=0.0, norm_first=norm_first).eval()
+    half = EncoderBlock(16, 2, 32, dropout=0.0, norm_first=norm_first).to(dtype).eval()
+    half.load_state_dict({k: t.to(dtype) for k, t in block.state_dict().items()})
+    x = torch.randn(4, 10, 16).to(dtype)
+    mask = torch.ones(10, 10, dtype=torch.bool).tril()
+    assert half._fusable(x, mask)
+    xh = x.clone().requires_grad_()
+    out = half(xh, mask=mask)
+    assert out.dtype == dtype
+    # The same block in float64 on the same rounded weights and input: the fused block computes
+    # in float32 and rounds once, so it is within a few ulps of dtype.
+    ref = EncoderBlock(16, 2, 32, dropout=0.0, norm_first=norm_first).double().eval()
+    ref.load_state_dict({k: t.double() for k, t in half.state_dict().items()})
+    xr = x.double().requires_grad_()
+    expected = ref(xr, mask=mask)
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(out.double(), expected, atol=2 * EPS[dtype] * scale, rtol=0)
+    grad = torch.randn_like(expected)
+    out.backward(grad.to(dtype))
+    expected.backward(grad)
+    assert xh.grad.dtype == dtype
+    for (name, p), (_, pr) in zip(half.named_parameters(), ref.named_parameters()):
+        assert p.grad.dtype == dtype, name
+        tol = 4 * EPS[dtype] * (pr.grad.abs().max().item() + 1e-3)
+        torch.testing.assert_close(p.grad.double(), pr.grad, atol=tol, rtol=0, msg=name)
+    tol = 4 * EPS[dtype] * xr.grad.abs().max().item()
+    torch.testing.assert_close(xh.grad.double(), xr.grad, atol=tol, rtol=0)

@@ -1,11 +1,18 @@
 """attnlab's CPU attention against PyTorch in the same process.
 
-Prints markdown tables: median times of attnlab and torch.nn.functional.scaled_dot_product_attention
-(forward, forward+backward; causal and not), attnlab with need_weights=True against the plain
-matmul → softmax → matmul formulation, and the peak extra memory at L = 8192.
+Prints markdown tables, each headed by the machine (CPU model and ISA, threads, versions):
+- per dtype (float32, bfloat16, float16): median times of attnlab and
+  torch.nn.functional.scaled_dot_product_attention at the same dtype (forward, forward+backward;
+  causal and not); for float32 also the share of the float32 GEMM rate measured in the same run
+  that the attention reaches at L >= 512 (FLOPs 4·B·H·L²·E forward, 2.5× that for the backward,
+  halved when causal);
+- attnlab with need_weights=True against attnlab without weights and against the plain
+  matmul → softmax → matmul formulation;
+- the peak extra memory at L = 8192.
 Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 
-    python benchmarks/attention_cpu.py [--min-run-time 0.5] [--skip-memory]
+    python benchmarks/attention_cpu.py [--min-run-time 0.5] [--dtypes float32 bfloat16 float16]
+                                       [--skip-weights] [--skip-memory]
 """
 
 import argparse
@@ -18,9 +25,10 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from common import compare, machine_description, markdown_table, runner
+from common import compare, machine_description, markdown_table, runner, sgemm_gflops
 
 SHAPES = [(128, 1, 16, 32), (64, 4, 10, 64), (8, 8, 512, 64), (2, 8, 2048, 64)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def plain_attention(q, k, v, is_causal):
@@ -44,25 +52,54 @@ def torch_output(q, k, v, is_causal):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
 
-def speed_tables(min_run_time):
-    rows_sdpa, rows_weights = [], []
+def attention_flops(B, H, L, E, is_causal, backward):
+    """Multiply-add FLOPs of attention: 4·B·H·L²·E forward, 2.5× that more for the backward,
+    halved when causal."""
+    flops = 4 * B * H * L * L * E * (3.5 if backward else 1.0)
+    return flops / 2 if is_causal else flops
+
+
+def inputs(B, H, L, E, dtype):
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(B, H, L, E, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
+
+
+def speed_table(dtype, min_run_time, gflops):
+    """attnlab against torch's SDPA at one dtype; with gflops (the float32 GEMM rate), the
+    share of it the attention reaches at L >= 512."""
+    rows = []
     for B, H, L, E in SHAPES:
-        gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(B, H, L, E, generator=gen).requires_grad_() for _ in range(3))
+        q, k, v = inputs(B, H, L, E, dtype)
         for is_causal in (False, True):
             for backward in (False, True):
-                mode = "fwd+bwd" if backward else "fwd"
-                ours, theirs, ours_w, plain = compare(
+                ours, theirs = compare([runner(fn, q, k, v, is_causal, backward)
+                                        for fn in (attnlab_output, torch_output)], min_run_time)
+                row = [f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
+                       f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{theirs / ours:.2f}"]
+                if gflops:
+                    rate = attention_flops(B, H, L, E, is_causal, backward) / ours / 1e9
+                    row.append(f"{100 * rate / gflops:.0f} %" if L >= 512 else "")
+                rows.append(row)
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def weights_table(min_run_time):
+    """need_weights=True against attnlab without weights and the plain formulation (float32)."""
+    rows = []
+    for B, H, L, E in SHAPES:
+        q, k, v = inputs(B, H, L, E, torch.float32)
+        for is_causal in (False, True):
+            for backward in (False, True):
+                with_w, without, plain = compare(
                     [runner(fn, q, k, v, is_causal, backward)
-                     for fn in (attnlab_output, torch_output, attnlab_with_weights,
-                                plain_attention)], min_run_time)
-                rows_sdpa.append([f"({B}, {H}, {L}, {E})", is_causal, mode, f"{ours * 1e3:.3f}",
-                                  f"{theirs * 1e3:.3f}", f"{theirs / ours:.2f}"])
-                rows_weights.append([f"({B}, {H}, {L}, {E})", is_causal, mode,
-                                     f"{ours_w * 1e3:.3f}", f"{plain * 1e3:.3f}",
-                                     f"{plain / ours_w:.2f}"])
-                print(rows_sdpa[-1], rows_weights[-1], file=sys.stderr, flush=True)
-    return rows_sdpa, rows_weights
+                     for fn in (attnlab_with_weights, attnlab_output, plain_attention)],
+                    min_run_time)
+                rows.append([f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
+                             f"{with_w * 1e3:.3f}", f"{without * 1e3:.3f}", f"{plain * 1e3:.3f}",
+                             f"{with_w / without:.2f}", f"{plain / with_w:.2f}"])
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
 
 
 MEMORY_PROBE = r"""
@@ -106,17 +143,29 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=0.5,
                         help="seconds of repeated runs behind each median (default 0.5)")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES),
+                        help="dtypes of the attnlab vs torch SDPA tables (default: all three)")
+    parser.add_argument("--skip-weights", action="store_true", help="skip the need_weights table")
     parser.add_argument("--skip-memory", action="store_true", help="skip the L = 8192 memory probe")
     args = parser.parse_args()
 
     print(f"Machine: {machine_description()}\n")
-    sdpa, weights = speed_tables(args.min_run_time)
-    print("attnlab vs torch.nn.functional.scaled_dot_product_attention (float32, ms, median)\n")
-    print(markdown_table(["(B, H, L, E)", "causal", "pass", "attnlab", "torch SDPA",
-                          "ratio"], sdpa))
-    print("\nattnlab need_weights=True vs matmul → softmax → matmul (float32, ms, median)\n")
-    print(markdown_table(["(B, H, L, E)", "causal", "pass", "attnlab + weights", "plain",
-                          "ratio"], weights))
+    gflops = sgemm_gflops(args.min_run_time)
+    print(f"float32 GEMM rate in this run (torch.mm 2048², median): {gflops:.0f} GFLOP/s\n")
+    for name in args.dtypes:
+        rows = speed_table(DTYPES[name], args.min_run_time,
+                           gflops if name == "float32" else None)
+        print(f"attnlab vs torch.nn.functional.scaled_dot_product_attention ({name}, ms, "
+              "median)\n")
+        header = ["(B, H, L, E)", "causal", "pass", "attnlab", "torch SDPA", "ratio"]
+        print(markdown_table(header + (["% of GEMM rate"] if name == "float32" else []), rows))
+        print()
+    if not args.skip_weights:
+        print("attnlab need_weights=True vs without weights and vs matmul → softmax → matmul "
+              "(float32, ms, median)\n")
+        print(markdown_table(["(B, H, L, E)", "causal", "pass", "attnlab + weights",
+                              "attnlab", "plain", "cost of weights", "vs plain"],
+                             weights_table(args.min_run_time)))
     if not args.skip_memory:
         print("\nPeak extra memory of one forward+backward after a warm-up run, (1, 1, L, 64), "
               "no weights (MiB, growth of peak RSS; the output and the three gradients alone are 8 MiB)\n")

@@ -42,7 +42,26 @@ def compare(fns, min_run_time=0.5, rounds=5, num_threads=None):
     return [statistics.median(times) for times in samples]
 
 
+# Instruction-set extensions that decide which code paths the CPU kernels (attnlab's and torch's)
+# can take, as /proc/cpuinfo names them.
+ISA_FLAGS = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+             "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16"]
+
+
+def cpu_isa():
+    """The ISA_FLAGS this CPU has, space-separated (empty where /proc/cpuinfo is missing)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return ""
+    return " ".join(flag for flag in ISA_FLAGS if flag in flags)
+
+
 def machine_description():
+    """CPU model and ISA, threads, and the versions of torch and attnlab: the header of every
+    table."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
@@ -50,8 +69,25 @@ def machine_description():
                 cpu = line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return (f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}, "
-            f"CPU capability {torch.backends.cpu.get_cpu_capability()}")
+    import attnlab
+    return (f"{cpu} [{cpu_isa()}], {torch.get_num_threads()} threads, torch {torch.__version__} "
+            f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), "
+            f"attnlab {attnlab.__version__}")
+
+
+def gemm_seconds(m, n, k, dtype=torch.float32, min_run_time=0.5, trans_b=False):
+    """Median seconds of torch's m×k by k×n matrix product (B stored transposed when trans_b),
+    on torch's current thread count."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(n, k, generator=gen).to(dtype).t() if trans_b else \
+        torch.randn(k, n, generator=gen).to(dtype)
+    return compare([lambda: torch.mm(a, b)], min_run_time)[0]
+
+
+def sgemm_gflops(min_run_time=0.5, size=2048):
+    """The float32 GEMM rate (GFLOP/s) torch reaches on a size² product here, now."""
+    return 2 * size ** 3 / gemm_seconds(size, size, size, min_run_time=min_run_time) / 1e9
 
 
 def markdown_table(header, rows):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "cpu/isa.h"
 
@@ -55,6 +56,68 @@ ATTNLAB_INLINE void small_gemm_tile(bool trans_a, int64_t cols, int64_t k, T alp
   }
 }
 
+// In-register transpose of a square block of vectors (kLanes<T> rows of kLanes<T> elements):
+// log2(lanes) stages, each swapping the off-diagonal sub-blocks of one size between pairs of
+// rows with two-source shuffles (one vpermt2ps each with AVX-512).
+template <typename T, int B>
+constexpr int low_half(int c) {
+  return (c & B) ? static_cast<int>(kLanes<T>) + c - B : c;
+}
+template <typename T, int B>
+constexpr int high_half(int c) {
+  return (c & B) ? static_cast<int>(kLanes<T>) + c : c + B;
+}
+template <typename T, int B, int... I>
+ATTNLAB_INLINE void transpose_stage(Vec<T>* r, std::integer_sequence<int, I...>) {
+  for (int i = 0; i < kLanes<T>; ++i) {
+    if (i & B) continue;
+    const Vec<T> a = r[i], b = r[i + B];
+    r[i] = __builtin_shufflevector(a, b, low_half<T, B>(I)...);
+    r[i + B] = __builtin_shufflevector(a, b, high_half<T, B>(I)...);
+  }
+}
+template <typename T>
+ATTNLAB_INLINE void transpose_block(Vec<T>* r) {
+  constexpr auto lanes = std::make_integer_sequence<int, kLanes<T>>{};
+  if constexpr (kLanes<T> >= 16) transpose_stage<T, 8>(r, lanes);
+  transpose_stage<T, 4>(r, lanes);
+  transpose_stage<T, 2>(r, lanes);
+  transpose_stage<T, 1>(r, lanes);
+}
+
+// packed[p·ldp + j] = b[j·ldb + p] for p < k and j < n, and 0 for n <= j < ldp (ldp a multiple
+// of the lane count): Bᵀ packed by whole-vector loads, in-register transposes and whole-vector
+// stores. A scalar gather of the same elements cost more than the multiply-adds at 16×16×32.
+template <typename T>
+ATTNLAB_INLINE void pack_transposed(int64_t n, int64_t k, const T* b, int64_t ldb, T* packed,
+                                    int64_t ldp) {
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t j0 = 0; j0 < n; j0 += L) {
+    const int64_t rows = std::min(L, n - j0);
+    for (int64_t p0 = 0; p0 < k; p0 += L) {
+      const int64_t cols = std::min(L, k - p0);
+      Vec<T> r[L];
+      for (int64_t i = 0; i < L; ++i) {
+        r[i] = Vec<T>{};
+        if (i >= rows) continue;
+        const T* src = b + (j0 + i) * ldb + p0;
+        if (cols == L) {
+          std::memcpy(&r[i], src, sizeof(Vec<T>));
+        } else {
+          for (int64_t c = 0; c < cols; ++c) r[i][c] = src[c];
+        }
+      }
+      transpose_block<T>(r);
+      for (int64_t c = 0; c < cols; ++c) {
+        std::memcpy(packed + (p0 + c) * ldp + j0, &r[c], sizeof(Vec<T>));
+      }
+    }
+  }
+  if (n == 0) {
+    for (int64_t p = 0; p < k; ++p) std::fill(packed + p * ldp, packed + (p + 1) * ldp, T(0));
+  }
+}
+
 template <typename T>
 ATTNLAB_INLINE void small_gemm_impl(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                     T alpha, const T* a, int64_t lda, const T* b, int64_t ldb,
@@ -64,14 +127,14 @@ ATTNLAB_INLINE void small_gemm_impl(bool trans_a, bool trans_b, int64_t m, int64
   // vector.
   const int64_t ldp = round_up(n, L);
   alignas(64) T packed[kPackedBytes / sizeof(T)];
-  for (int64_t p = 0; p < k; ++p) {
-    T* row = packed + p * ldp;
-    if (trans_b) {
-      for (int64_t j = 0; j < n; ++j) row[j] = b[j * ldb + p];
-    } else {
+  if (trans_b) {
+    pack_transposed(n, k, b, ldb, packed, ldp);
+  } else {
+    for (int64_t p = 0; p < k; ++p) {
+      T* row = packed + p * ldp;
       std::memcpy(row, b + p * ldb, n * sizeof(T));
+      std::fill(row + n, row + ldp, T(0));
     }
-    std::fill(row + n, row + ldp, T(0));
   }
   constexpr int R = 6;  // rows per tile: 6 accumulators + 1 B vector stay in registers
   for (int64_t j0 = 0; j0 < n; j0 += L) {

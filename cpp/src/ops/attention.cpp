@@ -192,7 +192,21 @@ c10::TypedOperatorHandle<decltype(sdpa_backward_cpu)> backward_op() {
   return op;
 }
 
-// Forward keeps the log-sum-exp of each query row; backward recomputes the probabilities.
+// Whether the forward keeps the probabilities for the backward although nobody asked for the
+// weights: on the CPU, when a gradient will be taken and the weights are at most twice the
+// size of the output (L_k <= 2·E_v). There the backward reads them instead of recomputing
+// Q·Kᵀ and the softmax, which at the tutorials' shapes (L = 10 or 16) costs more than the
+// few kilobytes per head they take.
+bool keep_probabilities(const Tensor& query, const Tensor& key, const Tensor& value,
+                        const std::optional<Tensor>& attn_mask) {
+  if (!at::GradMode::is_enabled() || !query.device().is_cpu()) return false;
+  const bool grad = query.requires_grad() || key.requires_grad() || value.requires_grad() ||
+                    (attn_mask && attn_mask->defined() && attn_mask->requires_grad());
+  return grad && key.size(-2) <= 2 * value.size(-1);
+}
+
+// Forward keeps the log-sum-exp of each query row; backward recomputes the probabilities
+// (or reads them, when the forward kept them).
 class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -200,13 +214,14 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                 const Tensor& value,
                                                 const std::optional<Tensor>& attn_mask,
                                                 bool is_causal, std::optional<double> scale,
-                                                bool need_weights) {
-    auto [output, lse, weights] =
-        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
+                                                bool need_weights, bool keep_probs) {
+    auto [output, lse, weights] = forward_op().call(query, key, value, attn_mask, is_causal,
+                                                    scale, need_weights || keep_probs);
     // With need_weights the weights exist anyway: the backward reads them instead of
     // recomputing the probabilities.
     ctx->save_for_backward({query, key, value, output, lse, attn_mask.value_or(Tensor()),
-                            need_weights ? weights : Tensor()});
+                            need_weights || keep_probs ? weights : Tensor()});
+    if (!need_weights) weights = at::empty({0}, output.options());
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->mark_non_differentiable({weights});
@@ -219,7 +234,7 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor& grad_output = grads[0];
-    torch::autograd::variable_list result(7);
+    torch::autograd::variable_list result(8);
     if (!grad_output.defined()) return result;
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
@@ -244,7 +259,8 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
                                           bool is_causal, std::optional<double> scale,
                                           bool need_weights) {
   checks::sdpa_kinds(query, key, value, attn_mask, scale);
-  auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights);
+  auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights,
+                                  keep_probabilities(query, key, value, attn_mask));
   return {outs[0], outs[1]};
 }
 

@@ -2,6 +2,10 @@
 layer written with plain torch ops (nn.Linear, matmul, softmax, LayerNorm), same process.
 Ratio = plain time / attnlab time (> 1: attnlab is faster).
 
+Also prints the GEMM floor of each shape: the time of the layer's mandatory matrix products
+(the four Linear layers forward, and for each its input and weight gradients) run alone as
+torch.mm at the same shapes and threads in the same run, and attnlab's time as a multiple of it.
+
     python benchmarks/encoder_cpu.py [--min-run-time 1.0]
 """
 
@@ -12,7 +16,7 @@ import torch
 from torch import nn
 
 from attnlab.nn import EncoderBlock
-from common import compare, machine_description, markdown_table
+from common import compare, gemm_seconds, machine_description, markdown_table
 
 # (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of the UvA tutorial.
 SHAPES = [(128, 16, 32, 1, 64), (64, 10, 256, 4, 512)]
@@ -39,6 +43,18 @@ class PlainEncoderBlock(nn.Module):
         return self.norm2(x + self.ff2(torch.relu(self.ff1(x))))
 
 
+def gemm_floor(B, L, d, d_ff, min_run_time):
+    """Seconds of the layer's mandatory GEMMs at this shape: for each Linear (in → out) on
+    B·L rows, the forward X·Wᵀ, the input gradient dY·W and the weight gradient dYᵀ·X."""
+    rows = B * L
+    total = 0.0
+    for fan_in, fan_out in ((d, 3 * d), (d, d), (d, d_ff), (d_ff, d)):
+        total += gemm_seconds(rows, fan_out, fan_in, min_run_time=min_run_time, trans_b=True)
+        total += gemm_seconds(rows, fan_in, fan_out, min_run_time=min_run_time)
+        total += gemm_seconds(fan_out, fan_in, rows, min_run_time=min_run_time)
+    return total
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=1.0)
@@ -57,13 +73,18 @@ def main():
 
             def run(block):
                 return lambda: block(x).backward(grad)
+            torch.set_num_threads(threads)
             t_ours, t_plain = compare([run(ours), run(plain)], args.min_run_time,
                                       num_threads=threads)
+            floor = gemm_floor(B, L, d, d_ff, args.min_run_time / 4)
             rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", threads, f"{t_ours * 1e3:.3f}",
-                         f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}"])
-    print("One encoder layer, forward+backward, float32 (ms, median)\n")
+                         f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}",
+                         f"{floor * 1e3:.3f}", f"{t_ours / floor:.2f}"])
+    torch.set_num_threads(max(args.threads))
+    print("One encoder layer, forward+backward, float32 (ms, median; GEMM floor: the layer's "
+          "mandatory matrix products alone)\n")
     print(markdown_table(["(B, L, d, H, d_ff)", "threads", "attnlab EncoderBlock",
-                          "plain torch ops", "ratio"], rows))
+                          "plain torch ops", "ratio", "GEMM floor", "attnlab / floor"], rows))
 
 
 if __name__ == "__main__":

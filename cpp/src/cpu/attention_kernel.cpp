@@ -25,6 +25,18 @@ int64_t forward_query_block(int64_t len_q) {
   return 32;
 }
 
+// With weights, a query block's scores are a [rows, L_k] slice of the weights tensor that the
+// softmax and then P·V read again: rows are chosen so that the slice stays within about
+// 256 KiB (in L2), down to 16 rows.
+template <typename T>
+int64_t weights_query_block(int64_t len_q, int64_t len_k) {
+  int64_t rows = forward_query_block(len_q);
+  while (rows > 16 && rows * len_k * static_cast<int64_t>(sizeof(T)) > (int64_t(256) << 10)) {
+    rows /= 2;
+  }
+  return rows;
+}
+
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Keys a query block [i0, i0 + rows) can see: all, or under the causal mask those up to its
@@ -100,7 +112,8 @@ void forward_online(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t
 
 template <typename T>
 void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights) {
-  const int64_t block_q = forward_query_block(p.len_q);
+  const int64_t block_q =
+      weights ? weights_query_block<T>(p.len_q, p.len_k) : forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;

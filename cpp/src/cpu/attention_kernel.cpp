@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu/blas.h"
+#include "cpu/small_attention.h"
 #include "cpu/softmax_rows.h"
 
 namespace attnlab::cpu {
@@ -115,6 +116,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   const int64_t block_q =
       weights ? weights_query_block<T>(p.len_q, p.len_k) : forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
+  // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers.
+  const bool small = p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
@@ -126,7 +129,14 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       T* out = output + (b * p.len_q + i0) * p.dim_v;
       T* lse = logsumexp + b * p.len_q + i0;
-      if (weights) {
+      if (small) {
+        small_attention_rows(rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
+                             p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
+                             p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
+                             p.mask.row_stride, visible_base(p, i0, 0), p.scale, out, lse,
+                             weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr,
+                             p.len_k);
+      } else if (weights) {
         forward_with_weights(p, b, i0, rows, out, lse, weights, row_max.data(), row_sum.data(),
                              correction.data());
       } else {

@@ -1,0 +1,163 @@
+#include "cpu/small_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "cpu/isa.h"
+#include "cpu/vec_math.h"
+#include "cpu/vec_transpose.h"
+
+namespace attnlab::cpu {
+namespace {
+
+// a rotated down by S lanes.
+template <typename T, int S, int... I>
+ATTNLAB_INLINE Vec<T> rotate(Vec<T> a, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(a, a, ((I + S) % static_cast<int>(kLanes<T>))...);
+}
+
+// op over all lanes, as a tree of rotations (every lane ends with the result).
+template <typename T, typename Op>
+ATTNLAB_INLINE T reduce_lanes(Vec<T> a, Op op) {
+  constexpr auto lanes = std::make_integer_sequence<int, kLanes<T>>{};
+  if constexpr (kLanes<T> >= 16) a = op(a, rotate<T, 8>(a, lanes));
+  a = op(a, rotate<T, 4>(a, lanes));
+  a = op(a, rotate<T, 2>(a, lanes));
+  a = op(a, rotate<T, 1>(a, lanes));
+  return a[0];
+}
+
+// n <= lanes elements into a zeroed vector.
+template <typename T>
+ATTNLAB_INLINE Vec<T> load_part(const T* src, int64_t n) {
+  Vec<T> v = {};
+  if (n == kLanes<T>) {
+    std::memcpy(&v, src, sizeof(v));
+  } else {
+    std::memcpy(&v, src, n * sizeof(T));
+  }
+  return v;
+}
+
+template <typename T>
+ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64_t dim_qk,
+                                              int64_t dim_v, const T* q, int64_t ldq,
+                                              const T* k, int64_t ldk, const T* v, int64_t ldv,
+                                              const T* mask, int64_t mask_ld,
+                                              int64_t visible_base, T scale, T* out, T* lse,
+                                              T* weights, int64_t ld_weights) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
+  // kt[e]: feature e of every key, one key per lane (Kᵀ by in-register transposes).
+  alignas(64) Vec<T> kt[kSmallAttentionMaxDim];
+  for (int64_t e0 = 0; e0 < dim_qk; e0 += L) {
+    const int64_t cols = std::min(L, dim_qk - e0);
+    Vec<T> block[L];
+    for (int64_t j = 0; j < L; ++j) block[j] = j < len_k ? load_part(k + j * ldk + e0, cols) : Vec<T>{};
+    transpose_block<T>(block);
+    for (int64_t c = 0; c < cols; ++c) kt[e0 + c] = block[c];
+  }
+  // vp[j·value_vectors + c]: value row j in whole vectors, zero-padded.
+  const int64_t value_vectors = (dim_v + L - 1) / L;
+  alignas(64) Vec<T> vp[kSmallAttentionMaxDim];  // len_k·value_vectors <= L·(256 / L)
+  for (int64_t j = 0; j < len_k; ++j) {
+    for (int64_t c = 0; c < value_vectors; ++c) {
+      vp[j * value_vectors + c] = load_part(v + j * ldv + c * L, std::min(L, dim_v - c * L));
+    }
+  }
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
+  const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
+  const auto sum_op = [](Vec<T> a, Vec<T> b) { return a + b; };
+
+  // Rows go four at a time: four independent multiply-add chains hide the FMA latency that a
+  // single row's chain (one accumulator over the features) would wait on, and each key and
+  // value vector loaded serves four rows.
+  constexpr int64_t kGroup = 4;
+  for (int64_t r0 = 0; r0 < rows; r0 += kGroup) {
+    const int64_t group = std::min(kGroup, rows - r0);
+    const T* qr[kGroup];
+    for (int64_t i = 0; i < kGroup; ++i) qr[i] = q + std::min(r0 + i, rows - 1) * ldq;
+    Vec<T> s[kGroup] = {};
+    for (int64_t e = 0; e < dim_qk; ++e) {
+      const Vec<T> key = kt[e];
+      for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
+    }
+    alignas(64) T p[kGroup][L];
+    bool row_live[kGroup];
+    for (int64_t i = 0; i < group; ++i) {
+      const int64_t r = r0 + i;
+      Vec<T> si = s[i] * scale;
+      if (mask) {
+        // A −inf mask entry hides the key whatever its score (NaN included).
+        const Vec<T> m = load_part(mask + r * mask_ld, len_k);
+        si = m == kNegInf ? kNegInf : si + m;
+      }
+      const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
+      si = lane < static_cast<T>(visible) ? si : kNegInf;
+      // The max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
+      const T row_max = reduce_lanes<T>(si == si ? si : kNegInf, max_op);
+      T* w = weights ? weights + r * ld_weights : nullptr;
+      row_live[i] = row_max != kNegInf;
+      if (!row_live[i]) {
+        const bool has_nan = reduce_lanes<T>(si != si ? Vec<T>{} + 1 : Vec<T>{}, max_op) > 0;
+        std::fill(out + r * dim_v, out + (r + 1) * dim_v, has_nan ? kNaN : T(0));
+        lse[r] = has_nan ? kNaN : kNegInf;
+        if (w) {
+          std::fill(w, w + len_k, T(0));
+          if (has_nan) std::fill(w, w + visible, kNaN);
+        }
+        std::fill(p[i], p[i] + L, T(0));
+        continue;
+      }
+      std::memcpy(p[i], &si, sizeof(si));
+      for (int64_t j = 0; j < L; ++j) p[i][j] = exp_nonpositive(p[i][j] - row_max);
+      Vec<T> e;
+      std::memcpy(&e, p[i], sizeof(e));
+      const T sum = reduce_lanes<T>(e, sum_op);
+      lse[r] = row_max + std::log(sum);
+      e *= T(1) / sum;
+      std::memcpy(p[i], &e, sizeof(e));
+      if (w) std::memcpy(w, p[i], len_k * sizeof(T));
+    }
+    for (int64_t c = 0; c < value_vectors; ++c) {
+      Vec<T> acc[kGroup] = {};
+      for (int64_t j = 0; j < len_k; ++j) {
+        const Vec<T> value = vp[j * value_vectors + c];
+        for (int64_t i = 0; i < kGroup; ++i) acc[i] += p[i][j] * value;
+      }
+      const int64_t n = std::min(L, dim_v - c * L);
+      for (int64_t i = 0; i < group; ++i) {
+        if (row_live[i]) std::memcpy(out + (r0 + i) * dim_v + c * L, &acc[i], n * sizeof(T));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
+                                             int64_t dim_v, const float* q, int64_t ldq,
+                                             const float* k, int64_t ldk, const float* v,
+                                             int64_t ldv, const float* mask, int64_t mask_ld,
+                                             int64_t visible_base, float scale, float* out,
+                                             float* lse, float* weights, int64_t ld_weights) {
+  small_attention_rows_impl(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
+                            visible_base, scale, out, lse, weights, ld_weights);
+}
+
+ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
+                                             int64_t dim_v, const double* q, int64_t ldq,
+                                             const double* k, int64_t ldk, const double* v,
+                                             int64_t ldv, const double* mask, int64_t mask_ld,
+                                             int64_t visible_base, double scale, double* out,
+                                             double* lse, double* weights, int64_t ld_weights) {
+  small_attention_rows_impl(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
+                            visible_base, scale, out, lse, weights, ld_weights);
+}
+
+}  // namespace attnlab::cpu

@@ -1,0 +1,39 @@
+#pragma once
+// Attention for a block of query rows when every key fits in one vector (L_k <= 16 in float,
+// 8 in double): the tutorials' shapes (L = 10 or 16). Scores, softmax and P·V stay in
+// registers, row by row, instead of going through the blocked path's GEMM, softmax and GEMM
+// calls, whose per-call packing and row loops cost more than the arithmetic at these sizes.
+// Same results and conventions as the blocked path (cpu/attention_kernel.h, softmax_rows.h).
+
+#include <cstdint>
+
+namespace attnlab::cpu {
+
+// The largest head sizes the kernel takes (its packed K and V live on the stack).
+constexpr int64_t kSmallAttentionMaxDim = 256;
+
+// Whether small_attention_rows takes a problem of this size.
+template <typename T>
+constexpr bool small_attention_fits(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
+  return len_k <= static_cast<int64_t>(64 / sizeof(T)) && dim_qk <= kSmallAttentionMaxDim &&
+         dim_v <= kSmallAttentionMaxDim;
+}
+
+// rows query rows q (row stride ldq) against len_k keys k (ldk) and values v (ldv):
+// out[r, :] (row stride dim_v) = softmax(scale·q_r·kᵀ + mask_r)·v, lse[r] its log-sum-exp.
+// mask (nullable): additive rows with stride mask_ld. Row r sees keys
+// j < clamp(visible_base + r, 0, len_k) (kAllVisible: all). weights (nullable, row stride
+// ld_weights) receives the probabilities of the len_k keys. A row that sees no key gets zeros
+// and lse −inf; NaN scores make the row NaN.
+void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
+                          const float* q, int64_t ldq, const float* k, int64_t ldk,
+                          const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
+                          int64_t visible_base, float scale, float* out, float* lse,
+                          float* weights, int64_t ld_weights);
+void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
+                          const double* q, int64_t ldq, const double* k, int64_t ldk,
+                          const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
+                          int64_t visible_base, double scale, double* out, double* lse,
+                          double* weights, int64_t ld_weights);
+
+}  // namespace attnlab::cpu

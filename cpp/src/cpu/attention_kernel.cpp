@@ -167,6 +167,26 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     }
   });
 
+  if (p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
+      p.len_q <= kSmallBackwardMaxRows) {
+    // Every key in one vector: one register-resident pass per batch entry.
+    at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t rows = b * p.len_q;
+        small_attention_backward(
+            p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride, p.key.row(b, 0),
+            p.key.row_stride, p.value.row(b, 0), p.value.row_stride, mask_block(p, b, 0, 0),
+            p.mask.row_stride, visible_base(p, 0, 0), p.scale, grad_output.row(b, 0),
+            grad_output.row_stride, logsumexp + rows, delta.data() + rows,
+            weights ? weights + rows * p.len_k : nullptr, grad_query + rows * E,
+            grad_key + b * p.len_k * E, grad_value + b * p.len_k * Ev,
+            grad_mask ? grad_mask + rows * p.len_k : nullptr,
+            grad_weights ? grad_weights + rows * p.len_k : nullptr);
+      }
+    });
+    return;
+  }
+
   // Each task owns the key blocks of one chunk of one batch entry, so dK and dV need no
   // synchronisation. dQ sums over key blocks: with one chunk per batch entry it goes straight
   // to grad_query; when there are fewer batch entries than threads, the keys are split into

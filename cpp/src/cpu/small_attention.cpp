@@ -138,6 +138,147 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
   }
 }
 
+// Kᵀ (or Vᵀ) of up to one vector of rows: out[e] holds feature e of every row, one row per lane.
+template <typename T>
+ATTNLAB_INLINE void transpose_rows(const T* x, int64_t ld, int64_t n_rows, int64_t dim,
+                                   Vec<T>* out) {
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t e0 = 0; e0 < dim; e0 += L) {
+    const int64_t cols = std::min(L, dim - e0);
+    Vec<T> block[L];
+    for (int64_t j = 0; j < L; ++j) {
+      block[j] = j < n_rows ? load_part(x + j * ld + e0, cols) : Vec<T>{};
+    }
+    transpose_block<T>(block);
+    for (int64_t c = 0; c < cols; ++c) out[e0 + c] = block[c];
+  }
+}
+
+// Row r of x as whole vectors, zero-padded: out[c] = x[r, c·L : (c + 1)·L].
+template <typename T>
+ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t c = 0; c * L < dim; ++c) out[c] = load_part(row + c * L, std::min(L, dim - c * L));
+}
+
+template <typename T>
+ATTNLAB_INLINE void store_part(T* dst, const Vec<T>& v, int64_t n) {
+  std::memcpy(dst, &v, n * sizeof(T));
+}
+
+template <typename T>
+ATTNLAB_INLINE void small_attention_backward_impl(
+    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
+    const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
+    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* delta,
+    const T* probs, T* dq, T* dk, T* dv, T* dmask, T* dweights) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t qk_vectors = (dim_qk + L - 1) / L;
+  alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ, to recompute the scores
+  alignas(64) Vec<T> vt[kSmallAttentionMaxDim];  // Vᵀ: dP_i = Σ_c dO[i, c]·vt[c]
+  alignas(64) Vec<T> kp[kSmallAttentionMaxDim];  // K's rows as vectors: dQ_i = Σ_j dS_ij·K_j
+  // dS and P of every row, for dK and dV after the row loop.
+  alignas(64) T ds_all[kSmallBackwardMaxRows][L];
+  alignas(64) T p_all[kSmallBackwardMaxRows][L];
+  if (!probs) transpose_rows(k, ldk, len_k, dim_qk, kt);
+  transpose_rows(v, ldv, len_k, dim_v, vt);
+  for (int64_t j = 0; j < len_k; ++j) row_vectors(k + j * ldk, dim_qk, kp + j * qk_vectors);
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
+
+  constexpr int64_t kGroup = 4;  // independent chains, as in the forward
+  for (int64_t r0 = 0; r0 < len_q; r0 += kGroup) {
+    const int64_t group = std::min(kGroup, len_q - r0);
+    const T* qr[kGroup];
+    const T* dor[kGroup];
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int64_t r = std::min(r0 + i, len_q - 1);
+      qr[i] = q + r * ldq;
+      dor[i] = dout + r * ld_dout;
+    }
+    // P: the forward's, or exp(scale·q·kᵀ + mask − lse) on the visible keys.
+    Vec<T> prob[kGroup];
+    if (probs) {
+      for (int64_t i = 0; i < kGroup; ++i) {
+        prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
+      }
+    } else {
+      Vec<T> s[kGroup] = {};
+      for (int64_t e = 0; e < dim_qk; ++e) {
+        const Vec<T> key = kt[e];
+        for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
+      }
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const int64_t r = std::min(r0 + i, len_q - 1);
+        const T l = lse[r];
+        Vec<T> si = s[i] * scale;
+        if (mask) {
+          const Vec<T> m = load_part(mask + r * mask_ld, len_k);
+          si = m == kNegInf ? kNegInf : si + m;
+        }
+        const int64_t visible =
+            l == kNegInf ? 0 : std::clamp<int64_t>(visible_base + r, 0, len_k);
+        si = lane < static_cast<T>(visible) ? si : kNegInf;
+        alignas(64) T e[L];
+        std::memcpy(e, &si, sizeof(e));
+        for (int64_t j = 0; j < L; ++j) e[j] = exp_nonpositive(e[j] - l);
+        std::memcpy(&prob[i], e, sizeof(e));
+        prob[i] = lane < static_cast<T>(visible) ? prob[i] : T(0);
+      }
+    }
+    // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
+    Vec<T> dp[kGroup] = {};
+    for (int64_t c = 0; c < dim_v; ++c) {
+      const Vec<T> value = vt[c];
+      for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
+    }
+    alignas(64) T ds[kGroup][L];
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int64_t r = std::min(r0 + i, len_q - 1);
+      const Vec<T> dsi = prob[i] * (dp[i] - delta[r]);
+      std::memcpy(ds[i], &dsi, sizeof(dsi));
+      if (i < group) {
+        std::memcpy(ds_all[r], &dsi, sizeof(dsi));
+        std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
+        if (dweights) store_part(dweights + r * len_k, dp[i], len_k);
+        if (dmask) store_part(dmask + r * len_k, dsi, len_k);
+      }
+    }
+    // dQ_i = scale·Σ_j dS_ij·K_j
+    for (int64_t c = 0; c < qk_vectors; ++c) {
+      Vec<T> acc[kGroup] = {};
+      for (int64_t j = 0; j < len_k; ++j) {
+        const Vec<T> key = kp[j * qk_vectors + c];
+        for (int64_t i = 0; i < kGroup; ++i) acc[i] += ds[i][j] * key;
+      }
+      const int64_t n = std::min(L, dim_qk - c * L);
+      for (int64_t i = 0; i < group; ++i) store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
+    }
+  }
+  // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i: four keys at a time, accumulated in
+  // registers over the rows (each row vector loaded serves four keys).
+  const auto key_sums = [&](const T (*coeff)[L], const T* x, int64_t ldx, int64_t dim, T factor,
+                            T* dst) {
+    for (int64_t j0 = 0; j0 < len_k; j0 += kGroup) {
+      const int64_t keys = std::min(kGroup, len_k - j0);
+      for (int64_t c = 0; c * L < dim; ++c) {
+        const int64_t n = std::min(L, dim - c * L);
+        Vec<T> acc[kGroup] = {};
+        for (int64_t i = 0; i < len_q; ++i) {
+          const Vec<T> row = load_part(x + i * ldx + c * L, n);
+          for (int64_t t = 0; t < kGroup; ++t) acc[t] += coeff[i][(j0 + t) % L] * row;
+        }
+        for (int64_t t = 0; t < keys; ++t) {
+          store_part(dst + (j0 + t) * dim + c * L, acc[t] * factor, n);
+        }
+      }
+    }
+  };
+  key_sums(ds_all, q, ldq, dim_qk, scale, dk);
+  key_sums(p_all, dout, ld_dout, dim_v, T(1), dv);
+}
+
 }  // namespace
 
 ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
@@ -158,6 +299,26 @@ ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_
                                              double* lse, double* weights, int64_t ld_weights) {
   small_attention_rows_impl(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
                             visible_base, scale, out, lse, weights, ld_weights);
+}
+
+ATTNLAB_ISA_CLONES void small_attention_backward(
+    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const float* q, int64_t ldq,
+    const float* k, int64_t ldk, const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
+    int64_t visible_base, float scale, const float* dout, int64_t ld_dout, const float* lse,
+    const float* delta, const float* probs, float* dq, float* dk, float* dv, float* dmask, float* dweights) {
+  small_attention_backward_impl(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                mask_ld, visible_base, scale, dout, ld_dout, lse, delta, probs,
+                                dq, dk, dv, dmask, dweights);
+}
+
+ATTNLAB_ISA_CLONES void small_attention_backward(
+    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const double* q, int64_t ldq,
+    const double* k, int64_t ldk, const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
+    int64_t visible_base, double scale, const double* dout, int64_t ld_dout, const double* lse,
+    const double* delta, const double* probs, double* dq, double* dk, double* dv, double* dmask, double* dweights) {
+  small_attention_backward_impl(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                mask_ld, visible_base, scale, dout, ld_dout, lse, delta, probs,
+                                dq, dk, dv, dmask, dweights);
 }
 
 }  // namespace attnlab::cpu

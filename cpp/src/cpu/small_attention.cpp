@@ -10,6 +10,10 @@
 #include "cpu/vec_math.h"
 #include "cpu/vec_transpose.h"
 
+// The helpers below pass 64-byte vectors by value; they are all inlined into the per-ISA
+// clones, so the note that such an ABI differs between instruction sets does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 namespace attnlab::cpu {
 namespace {
 

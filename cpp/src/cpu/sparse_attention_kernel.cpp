@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <vector>
@@ -87,28 +88,66 @@ double sorted_threshold(T* c, int64_t m) {
   return tau;
 }
 
+// Eight values in double lanes (GCC vector extension), loaded from T (floats are widened).
+using Lanes8 = Vec<double>;
+typedef float Floats8 __attribute__((vector_size(32)));
+
+template <typename T>
+ATTNLAB_INLINE Lanes8 load8(const T* x) {
+  if constexpr (sizeof(T) == sizeof(double)) {
+    Lanes8 v;
+    std::memcpy(&v, x, sizeof(v));
+    return v;
+  } else {
+    Floats8 f;
+    std::memcpy(&f, x, sizeof(f));
+    return __builtin_convertvector(f, Lanes8);
+  }
+}
+
+ATTNLAB_INLINE double lanes_sum(Lanes8 v) {
+  return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
+}
+ATTNLAB_INLINE double lanes_min(Lanes8 v) {
+  double m = v[0];
+  for (int j = 1; j < 8; ++j) m = v[j] < m ? v[j] : m;
+  return m;
+}
+ATTNLAB_INLINE double lanes_max(Lanes8 v) {
+  double m = v[0];
+  for (int j = 1; j < 8; ++j) m = v[j] > m ? v[j] : m;
+  return m;
+}
+
 // f(τ) = Σ_j [c_j − τ]_+^r − 1 is convex and decreasing for r = 1 (sparsemax) and r = 2
 // (entmax-1.5): Newton steps from τ = −1 (where f ≥ 0) stay below the root and reach it from
 // the left. Each step first tries the closed-form threshold on the current support
 // {c > τ}; it is the answer once it lies between the largest excluded and the smallest
 // included value (the KKT conditions). For sparsemax the Newton step is that solve itself
-// (Michelot's algorithm).
+// (Michelot's algorithm). Sums in double lanes; c holds m values padded with −inf to a
+// multiple of 8. w: scratch for m values.
 template <typename T, SparseKind K>
-double exact_threshold(T* c, int64_t m) {
+ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
   constexpr double inf = std::numeric_limits<double>::infinity();
+  const int64_t chunks = (m + 7) / 8;
   double t = -1;
   for (int step_count = 0; step_count < kNewtonSteps; ++step_count) {
-    double n = 0, s1 = 0, s2 = 0, d_min = inf, d_out = -inf;
-#pragma omp simd reduction(+ : n, s1, s2) reduction(min : d_min) reduction(max : d_out)
-    for (int64_t j = 0; j < m; ++j) {
-      const double d = static_cast<double>(c[j]) - t;
-      const bool in = d > 0;
-      n += in ? 1.0 : 0.0;
-      s1 += in ? d : 0.0;
-      s2 += in ? d * d : 0.0;
-      d_min = std::min(d_min, in ? d : inf);
-      d_out = std::max(d_out, in ? -inf : d);
+    // Eight lanes of each sum, whole chunks only (c is padded), reduced once at the end.
+    const Lanes8 zero = {}, one = zero + 1.0, tv = zero + t, lane_inf = zero + inf;
+    Lanes8 vn = zero, vs1 = zero, vs2 = zero, vmin = lane_inf, vout = -lane_inf;
+    for (int64_t ch = 0; ch < chunks; ++ch) {
+      const Lanes8 d = load8(c + 8 * ch) - tv;
+      const auto in = d > zero;
+      const Lanes8 kept = in ? d : zero;
+      vn += in ? one : zero;
+      vs1 += kept;
+      vs2 += kept * kept;
+      const Lanes8 inside = in ? d : lane_inf, outside = in ? -lane_inf : d;
+      vmin = inside < vmin ? inside : vmin;
+      vout = outside > vout ? outside : vout;
     }
+    const double n = lanes_sum(vn), s1 = lanes_sum(vs1), s2 = lanes_sum(vs2);
+    const double d_min = lanes_min(vmin), d_out = lanes_max(vout);
     double step;
     if constexpr (K == SparseKind::kSparsemax) {
       step = (s1 - 1) / n;
@@ -124,14 +163,16 @@ double exact_threshold(T* c, int64_t m) {
     if (!(step > 0)) break;  // rounding stalled the steps (ties at the threshold): sort
     t += step;
   }
-  return sorted_threshold<T, K>(c, m);
+  std::copy(c, c + m, w);
+  return sorted_threshold<T, K>(w, m);
 }
 
 // α-entmax: f(τ) = Σ_j [c_j − τ]_+^r − 1 on the bracket [−1, −(1/m)^{α−1}] (the largest p is
 // at least 1/m), by Newton steps kept inside the bracket and bisection otherwise, in double,
 // until the step or the bracket is below tol.
 template <typename T>
-double bisect_threshold(const T* c, int64_t m, const SparseNormalizer& nz, double tol) {
+ATTNLAB_INLINE double bisect_threshold(const T* c, int64_t m, const SparseNormalizer& nz,
+                                       double tol) {
   double lo = -1, hi = -std::pow(1.0 / static_cast<double>(m), nz.am1);
   if (!(hi > lo)) return lo;  // m = 1: the one candidate takes everything
   double t = lo;
@@ -163,11 +204,37 @@ double bisect_threshold(const T* c, int64_t m, const SparseNormalizer& nz, doubl
 
 // ---- rows of the forward ---------------------------------------------------------------------
 
-// One row: scores x[0, cols) → probabilities in place, s/Σs into sup, τ into *tau. The first
-// `visible` columns are visible (the rest hidden by the causal mask). cand: room for cols.
+}  // namespace
+
+// Each row's support as a list: the keys with p > 0, their p and s/Σs. Row r's entries start
+// at start[r]; state[r] is kRowValues, kRowEmpty (no visible key: zeros) or kRowNaN.
+template <typename T>
+struct SupportLists {
+  int32_t* index;
+  T* p;
+  T* s;
+  int64_t* start;
+  int64_t* count;
+  int8_t* state;
+};
+constexpr int8_t kRowValues = 0, kRowEmpty = 1, kRowNaN = 2;
+
+// Scratch of one row: candidate values and keys, and the threshold's working set.
+template <typename T>
+struct RowScratch {
+  T* value;
+  int32_t* key;
+  T* work;
+};
+
+namespace {
+
+// One row of scores x[0, visible) (masked in place): its threshold and support list.
 template <typename T, SparseKind K>
-ATTNLAB_INLINE void forward_row(T* x, T* sup, int64_t visible, int64_t cols, const T* mask,
-                                const SparseNormalizer& nz, T* tau, T* cand) {
+ATTNLAB_INLINE void forward_row(T* x, int64_t visible, const T* mask, const SparseNormalizer& nz,
+                                T* tau, const RowScratch<T>& scratch, const SupportLists<T>& out,
+                                int64_t r) {
+  out.count[r] = 0;
   if (mask) add_mask(x, mask, visible);
   T x_max = -kInf<T>;
   int bad = 0;
@@ -177,88 +244,135 @@ ATTNLAB_INLINE void forward_row(T* x, T* sup, int64_t visible, int64_t cols, con
     bad |= x[j] != x[j];
   }
   if (bad || x_max == kInf<T>) {  // NaN in, NaN out (a +inf score has no finite threshold)
-    fill(x, 0, cols, kNaN<T>);
-    fill(sup, 0, cols, kNaN<T>);
+    out.state[r] = kRowNaN;
     *tau = kNaN<T>;
     return;
   }
   if (x_max == -kInf<T>) {  // nothing visible: zeros
-    fill(x, 0, cols, T(0));
-    fill(sup, 0, cols, T(0));
+    out.state[r] = kRowEmpty;
     *tau = kInf<T>;
     return;
   }
-  // y = (α − 1)·(x − max) ∈ [−inf, 0], in place; the candidates y > −1 into cand.
+  out.state[r] = kRowValues;
+  // Candidates: y = (α − 1)·(x − max) > −1, i.e. x > max − 1/(α − 1). Chunks without one are
+  // skipped after a vector compare; the rest are compacted branch-free.
   const T am1 = static_cast<T>(nz.am1);
-#pragma omp simd
-  for (int64_t j = 0; j < visible; ++j) x[j] = am1 * (x[j] - x_max);
+  const T cut = x_max - static_cast<T>(1.0 / nz.am1);
+  T* cand = scratch.value;
+  int32_t* cand_key = scratch.key;
   int64_t m = 0;
-  for (int64_t j = 0; j < visible; ++j) {
-    cand[m] = x[j];
-    m += x[j] > T(-1);
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t c0 = 0; c0 < visible; c0 += L) {
+    const T* xc = x + c0;
+    const int64_t n = std::min(L, visible - c0);
+    int any = 0;
+    if (n == L) {
+#pragma omp simd reduction(| : any)
+      for (int64_t j = 0; j < L; ++j) any |= xc[j] > cut;
+    } else {
+      for (int64_t j = 0; j < n; ++j) any |= xc[j] > cut;
+    }
+    if (!any) continue;
+    for (int64_t j = 0; j < n; ++j) {
+      cand[m] = am1 * (xc[j] - x_max);
+      cand_key[m] = static_cast<int32_t>(c0 + j);
+      m += xc[j] > cut;
+    }
   }
+  for (int64_t j = m; j < (m + 7) / 8 * 8; ++j) cand[j] = -kInf<T>;  // whole chunks of 8
   double tau_rel;
   if constexpr (K == SparseKind::kBisect) {
     tau_rel = bisect_threshold(cand, m, nz, sizeof(T) == 4 ? 1e-10 : 1e-15);
   } else {
-    tau_rel = exact_threshold<T, K>(cand, m);
+    tau_rel = exact_threshold<T, K>(cand, m, scratch.work);
   }
-  const T t = static_cast<T>(tau_rel);
-  if constexpr (K == SparseKind::kBisect) {
-    double sum_p = 0, sum_s = 0;
-    for (int64_t j = 0; j < visible; ++j) {
-      const double d = static_cast<double>(x[j]) - tau_rel;
-      double p = 0, s = 0;
-      if (d > 0) {
-        p = std::pow(d, nz.r);
-        s = p / d;
-      }
-      sum_p += p;
-      sum_s += s;
-      x[j] = static_cast<T>(p);
-      sup[j] = static_cast<T>(s);
+  // The support: p = d^r and s = d^{r−1} for d = y − τ > 0.
+  int32_t* index = out.index + out.start[r];
+  T* pv = out.p + out.start[r];
+  T* sv = out.s + out.start[r];
+  double sum_p = 0, sum_s = 0;
+  int64_t k = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const double d = static_cast<double>(cand[j]) - tau_rel;
+    if (!(d > 0)) continue;
+    double p, s;
+    if constexpr (K == SparseKind::kSparsemax) {
+      p = d;
+      s = 1;
+    } else if constexpr (K == SparseKind::kEntmax15) {
+      p = d * d;
+      s = d;
+    } else {
+      p = std::pow(d, nz.r);
+      s = p / d;
     }
-    const T inv_p = static_cast<T>(1 / sum_p), inv_s = static_cast<T>(1 / sum_s);
-#pragma omp simd
-    for (int64_t j = 0; j < visible; ++j) {
-      x[j] *= inv_p;
-      sup[j] *= inv_s;
-    }
-  } else {
-    double sum_s = 0;
-#pragma omp simd reduction(+ : sum_s)
-    for (int64_t j = 0; j < visible; ++j) {
-      const T d = x[j] - t;
-      const T dp = d > T(0) ? d : T(0);
-      T p, s;
-      if constexpr (K == SparseKind::kSparsemax) {
-        p = dp;
-        s = d > T(0) ? T(1) : T(0);
-      } else {
-        p = dp * dp;
-        s = dp;
-      }
-      x[j] = p;
-      sup[j] = s;
-      sum_s += s;
-    }
-    const T inv_s = static_cast<T>(1 / sum_s);
-#pragma omp simd
-    for (int64_t j = 0; j < visible; ++j) sup[j] *= inv_s;
+    index[k] = cand_key[j];
+    pv[k] = static_cast<T>(p);
+    sv[k] = static_cast<T>(s);
+    sum_p += p;
+    sum_s += s;
+    ++k;
   }
-  fill(x, visible, cols, T(0));
-  fill(sup, visible, cols, T(0));
+  const T inv_s = static_cast<T>(1 / sum_s);
+  for (int64_t j = 0; j < k; ++j) sv[j] *= inv_s;
+  if constexpr (K == SparseKind::kBisect) {  // bisection: renormalise to sum 1
+    const T inv_p = static_cast<T>(1 / sum_p);
+    for (int64_t j = 0; j < k; ++j) pv[j] *= inv_p;
+  }
+  out.count[r] = k;
   *tau = static_cast<T>(tau_rel + nz.am1 * static_cast<double>(x_max));
 }
 
 template <typename T, SparseKind K>
-ATTNLAB_INLINE void forward_rows_impl(T* x, int64_t ldx, T* sup, int64_t lds, int64_t rows,
-                                      int64_t cols, const T* mask, int64_t mask_ld,
-                                      int64_t visible_base, const SparseNormalizer& nz, T* tau,
-                                      T* cand) {
+ATTNLAB_INLINE int64_t forward_rows_impl(T* x, int64_t ldx, int64_t rows, int64_t cols,
+                                         const T* mask, int64_t mask_ld, int64_t visible_base,
+                                         const SparseNormalizer& nz, T* tau,
+                                         const RowScratch<T>& scratch,
+                                         const SupportLists<T>& out) {
+  int64_t total = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    forward_row<T, K>(x + r * ldx, sup + r * lds, visible_cols(visible_base, r, cols), cols,
-                      mask ? mask + r * mask_ld : nullptr, nz, tau + r, cand);
+    out.start[r] = total;
+    forward_row<T, K>(x + r * ldx, visible_cols(visible_base, r, cols),
+                      mask ? mask + r * mask_ld : nullptr, nz, tau + r, scratch, out, r);
+    total += out.count[r];
+  }
+  return total;
+}
+
+// The lists as dense rows [rows, cols] at leading dimension ld: p, or s/Σs when support.
+template <typename T>
+ATTNLAB_INLINE void dense_rows_impl(const SupportLists<T>& lists, int64_t rows, int64_t cols,
+                                    T* dst, int64_t ld, bool support) {
+  const T* values = support ? lists.s : lists.p;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = dst + r * ld;
+    fill(row, 0, cols, lists.state[r] == kRowNaN ? kNaN<T> : T(0));
+    const int64_t begin = lists.start[r], n = lists.count[r];
+    for (int64_t e = 0; e < n; ++e) row[lists.index[begin + e]] = values[begin + e];
+  }
+}
+
+// out_r = Σ_e p_e·v[index_e] and u_r = Σ_e s_e·v[index_e] over each row's list: the products
+// P·V and S·V touching only the support.
+template <typename T>
+ATTNLAB_INLINE void gather_rows_impl(const SupportLists<T>& lists, int64_t rows, const T* v,
+                                     int64_t ldv, int64_t dim_v, T* out, T* u) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* o = out + r * dim_v;
+    T* ur = u + r * dim_v;
+    const T fill_value = lists.state[r] == kRowNaN ? kNaN<T> : T(0);
+    fill(o, 0, dim_v, fill_value);
+    fill(ur, 0, dim_v, fill_value);
+    const int64_t begin = lists.start[r], n = lists.count[r];
+    for (int64_t e = 0; e < n; ++e) {
+      const T* vj = v + static_cast<int64_t>(lists.index[begin + e]) * ldv;
+      const T pe = lists.p[begin + e], se = lists.s[begin + e];
+#pragma omp simd
+      for (int64_t c = 0; c < dim_v; ++c) {
+        o[c] += pe * vj[c];
+        ur[c] += se * vj[c];
+      }
+    }
   }
 }
 
@@ -360,14 +474,23 @@ ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64
   }
 
 #define ATTNLAB_DEFINE_SPARSE_ROWS(TYPE)                                                      \
-  ATTNLAB_ISA_CLONES void sparse_forward_rows(TYPE* x, int64_t ldx, TYPE* sup, int64_t lds,   \
-                                              int64_t rows, int64_t cols, const TYPE* mask,   \
-                                              int64_t mask_ld, int64_t visible_base,          \
-                                              const SparseNormalizer& nz, TYPE* tau,          \
-                                              TYPE* cand) {                                   \
+  ATTNLAB_ISA_CLONES int64_t sparse_forward_rows(                                             \
+      TYPE* x, int64_t ldx, int64_t rows, int64_t cols, const TYPE* mask, int64_t mask_ld,    \
+      int64_t visible_base, const SparseNormalizer& nz, TYPE* tau,                            \
+      const RowScratch<TYPE>& scratch, const SupportLists<TYPE>& out) {                       \
     using T = TYPE;                                                                           \
-    ATTNLAB_SPARSE_DISPATCH(forward_rows_impl, x, ldx, sup, lds, rows, cols, mask, mask_ld,   \
-                            visible_base, nz, tau, cand)                                      \
+    ATTNLAB_SPARSE_DISPATCH(forward_rows_impl, x, ldx, rows, cols, mask, mask_ld,             \
+                            visible_base, nz, tau, scratch, out)                              \
+  }                                                                                           \
+  ATTNLAB_ISA_CLONES void sparse_dense_rows(const SupportLists<TYPE>& lists, int64_t rows,    \
+                                            int64_t cols, TYPE* dst, int64_t ld,              \
+                                            bool support) {                                   \
+    dense_rows_impl(lists, rows, cols, dst, ld, support);                                     \
+  }                                                                                           \
+  ATTNLAB_ISA_CLONES void sparse_gather_rows(const SupportLists<TYPE>& lists, int64_t rows,   \
+                                             const TYPE* v, int64_t ldv, int64_t dim_v,       \
+                                             TYPE* out, TYPE* u) {                            \
+    gather_rows_impl(lists, rows, v, ldv, dim_v, out, u);                                     \
   }                                                                                           \
   ATTNLAB_ISA_CLONES bool sparse_backward_rows(TYPE* x, int64_t ldx, TYPE* s, int64_t lds,    \
                                                int64_t rows, int64_t cols, const TYPE* mask,  \
@@ -409,6 +532,10 @@ int64_t forward_query_block(int64_t len_k) {
   return rows;
 }
 
+// The support lists replace dense P·V and S·V products unless they hold more than
+// 1/kDenseFactor of the block's scores.
+constexpr int64_t kDenseFactor = 4;
+
 template <typename T>
 int64_t key_end(const AttentionProblem<T>& p, int64_t i0, int64_t rows) {
   return p.causal ? std::min(p.len_k, i0 + rows) : p.len_k;
@@ -435,7 +562,16 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
   const int64_t ld = round_up(std::max<int64_t>(p.len_k, 1), kLanes<T>);
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
-    std::vector<T> scores(weights ? 0 : block_q * ld), support(block_q * ld), cand(ld);
+    // Scores (unless they go straight into the weights), s for the dense path, the support
+    // lists (at most every score) and one row's scratch.
+    std::vector<T> scores(weights ? 0 : block_q * ld), dense_s, list_p(block_q * ld),
+        list_s(block_q * ld), cand(ld + 8), work(ld);
+    std::vector<int32_t> list_index(block_q * ld), cand_key(ld);
+    std::vector<int64_t> start(block_q), count(block_q);
+    std::vector<int8_t> state(block_q);
+    const SupportLists<T> lists{list_index.data(), list_p.data(), list_s.data(),
+                                start.data(),      count.data(),  state.data()};
+    const RowScratch<T> scratch{cand.data(), cand_key.data(), work.data()};
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
       const int64_t rows = std::min(block_q, p.len_q - i0);
@@ -454,17 +590,23 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
       }
       gemm(false, true, rows, kv_end, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
            p.key.row(b, 0), p.key.row_stride, T(0), x, ldx);
-      sparse_forward_rows(x, ldx, support.data(), ld, rows, kv_end, mask_block(p, b, i0, 0),
-                          p.mask.row_stride, visible_base(p, i0, 0), nz, t, cand.data());
-      if (weights && kv_end < p.len_k) {
-        for (int64_t r = 0; r < rows; ++r) {
-          std::fill(x + r * ldx + kv_end, x + (r + 1) * ldx, T(0));
-        }
+      const int64_t nonzeros =
+          sparse_forward_rows(x, ldx, rows, kv_end, mask_block(p, b, i0, 0), p.mask.row_stride,
+                              visible_base(p, i0, 0), nz, t, scratch, lists);
+      // P·V and S·V: over the support lists when they are short, else as dense products.
+      const bool dense = nonzeros * kDenseFactor > rows * kv_end;
+      if (weights) sparse_dense_rows(lists, rows, p.len_k, x, ldx, false);
+      if (dense) {
+        dense_s.resize(block_q * ld);
+        if (!weights) sparse_dense_rows(lists, rows, kv_end, x, ldx, false);
+        sparse_dense_rows(lists, rows, kv_end, dense_s.data(), ld, true);
+        gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
+             p.value.row_stride, T(0), out, p.dim_v);
+        gemm(false, false, rows, p.dim_v, kv_end, T(1), dense_s.data(), ld, p.value.row(b, 0),
+             p.value.row_stride, T(0), u, p.dim_v);
+      } else {
+        sparse_gather_rows(lists, rows, p.value.row(b, 0), p.value.row_stride, p.dim_v, out, u);
       }
-      gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
-           p.value.row_stride, T(0), out, p.dim_v);
-      gemm(false, false, rows, p.dim_v, kv_end, T(1), support.data(), ld, p.value.row(b, 0),
-           p.value.row_stride, T(0), u, p.dim_v);
     }
   });
 }

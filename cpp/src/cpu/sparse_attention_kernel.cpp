@@ -323,6 +323,94 @@ ATTNLAB_INLINE void forward_row(T* x, int64_t visible, const T* mask, const Spar
   *tau = static_cast<T>(tau_rel + nz.am1 * static_cast<double>(x_max));
 }
 
+// One short row of scores x[0, cols) → probabilities in place and s/Σs into sup, without
+// lists: every visible key is a candidate. cand: room for cols + 8 values; work: cols.
+template <typename T, SparseKind K>
+ATTNLAB_INLINE void forward_row_dense(T* x, T* sup, int64_t visible, int64_t cols,
+                                      const T* mask, const SparseNormalizer& nz, T* tau, T* cand,
+                                      T* work) {
+  if (mask) add_mask(x, mask, visible);
+  T x_max = -kInf<T>;
+  int bad = 0;
+#pragma omp simd reduction(max : x_max) reduction(| : bad)
+  for (int64_t j = 0; j < visible; ++j) {
+    x_max = x[j] > x_max ? x[j] : x_max;
+    bad |= x[j] != x[j];
+  }
+  if (bad || x_max == kInf<T> || x_max == -kInf<T>) {  // NaN row, or nothing visible
+    const bool nan = x_max != -kInf<T> || bad;
+    fill(x, 0, cols, nan ? kNaN<T> : T(0));
+    fill(sup, 0, cols, nan ? kNaN<T> : T(0));
+    *tau = nan ? kNaN<T> : kInf<T>;
+    return;
+  }
+  const T am1 = static_cast<T>(nz.am1);
+#pragma omp simd
+  for (int64_t j = 0; j < visible; ++j) cand[j] = am1 * (x[j] - x_max);
+  for (int64_t j = visible; j < (visible + 7) / 8 * 8; ++j) cand[j] = -kInf<T>;
+  double tau_rel;
+  if constexpr (K == SparseKind::kBisect) {
+    tau_rel = bisect_threshold(cand, visible, nz, sizeof(T) == 4 ? 1e-10 : 1e-15);
+    double sum_p = 0, sum_s = 0;
+    for (int64_t j = 0; j < visible; ++j) {
+      const double d = static_cast<double>(cand[j]) - tau_rel;
+      double p = 0, sv = 0;
+      if (d > 0) {
+        p = std::pow(d, nz.r);
+        sv = p / d;
+      }
+      sum_p += p;
+      sum_s += sv;
+      x[j] = static_cast<T>(p);
+      sup[j] = static_cast<T>(sv);
+    }
+    const T inv_p = static_cast<T>(1 / sum_p), inv_s = static_cast<T>(1 / sum_s);
+#pragma omp simd
+    for (int64_t j = 0; j < visible; ++j) {
+      x[j] *= inv_p;
+      sup[j] *= inv_s;
+    }
+  } else {
+    tau_rel = exact_threshold<T, K>(cand, visible, work);
+    const T t = static_cast<T>(tau_rel);
+    T sum_s = 0;
+#pragma omp simd reduction(+ : sum_s)
+    for (int64_t j = 0; j < visible; ++j) {
+      const T d = cand[j] - t;
+      const T dp = d > T(0) ? d : T(0);
+      T p, sv;
+      if constexpr (K == SparseKind::kSparsemax) {
+        p = dp;
+        sv = d > T(0) ? T(1) : T(0);
+      } else {
+        p = dp * dp;
+        sv = dp;
+      }
+      x[j] = p;
+      sup[j] = sv;
+      sum_s += sv;
+    }
+    const T inv_s = T(1) / sum_s;
+#pragma omp simd
+    for (int64_t j = 0; j < visible; ++j) sup[j] *= inv_s;
+  }
+  fill(x, visible, cols, T(0));
+  fill(sup, visible, cols, T(0));
+  *tau = static_cast<T>(tau_rel + nz.am1 * static_cast<double>(x_max));
+}
+
+template <typename T, SparseKind K>
+ATTNLAB_INLINE void forward_rows_dense_impl(T* x, int64_t ldx, T* sup, int64_t lds, int64_t rows,
+                                            int64_t cols, const T* mask, int64_t mask_ld,
+                                            int64_t visible_base, const SparseNormalizer& nz,
+                                            T* tau, const RowScratch<T>& scratch) {
+  for (int64_t r = 0; r < rows; ++r) {
+    forward_row_dense<T, K>(x + r * ldx, sup + r * lds, visible_cols(visible_base, r, cols), cols,
+                            mask ? mask + r * mask_ld : nullptr, nz, tau + r, scratch.value,
+                            scratch.work);
+  }
+}
+
 template <typename T, SparseKind K>
 ATTNLAB_INLINE int64_t forward_rows_impl(T* x, int64_t ldx, int64_t rows, int64_t cols,
                                          const T* mask, int64_t mask_ld, int64_t visible_base,
@@ -482,6 +570,14 @@ ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64
     ATTNLAB_SPARSE_DISPATCH(forward_rows_impl, x, ldx, rows, cols, mask, mask_ld,             \
                             visible_base, nz, tau, scratch, out)                              \
   }                                                                                           \
+  ATTNLAB_ISA_CLONES void sparse_forward_rows_dense(                                          \
+      TYPE* x, int64_t ldx, TYPE* sup, int64_t lds, int64_t rows, int64_t cols,                \
+      const TYPE* mask, int64_t mask_ld, int64_t visible_base, const SparseNormalizer& nz,     \
+      TYPE* tau, const RowScratch<TYPE>& scratch) {                                           \
+    using T = TYPE;                                                                           \
+    ATTNLAB_SPARSE_DISPATCH(forward_rows_dense_impl, x, ldx, sup, lds, rows, cols, mask,      \
+                            mask_ld, visible_base, nz, tau, scratch)                          \
+  }                                                                                           \
   ATTNLAB_ISA_CLONES void sparse_dense_rows(const SupportLists<TYPE>& lists, int64_t rows,    \
                                             int64_t cols, TYPE* dst, int64_t ld,              \
                                             bool support) {                                   \
@@ -535,6 +631,8 @@ int64_t forward_query_block(int64_t len_k) {
 // The support lists replace dense P·V and S·V products unless they hold more than
 // 1/kDenseFactor of the block's scores.
 constexpr int64_t kDenseFactor = 4;
+// Rows of at most this many keys skip the lists: P and S are made dense directly.
+constexpr int64_t kShortRow = 64;
 
 template <typename T>
 int64_t key_end(const AttentionProblem<T>& p, int64_t i0, int64_t rows) {
@@ -590,6 +688,20 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
       }
       gemm(false, true, rows, kv_end, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
            p.key.row(b, 0), p.key.row_stride, T(0), x, ldx);
+      if (kv_end <= kShortRow) {  // short rows: dense P and S, no lists
+        dense_s.resize(block_q * ld);
+        sparse_forward_rows_dense(x, ldx, dense_s.data(), ld, rows, kv_end,
+                                  mask_block(p, b, i0, 0), p.mask.row_stride,
+                                  visible_base(p, i0, 0), nz, t, scratch);
+        if (weights && kv_end < p.len_k) {
+          for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ldx + kv_end, x + (r + 1) * ldx, T(0));
+        }
+        gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
+             p.value.row_stride, T(0), out, p.dim_v);
+        gemm(false, false, rows, p.dim_v, kv_end, T(1), dense_s.data(), ld, p.value.row(b, 0),
+             p.value.row_stride, T(0), u, p.dim_v);
+        continue;
+      }
       const int64_t nonzeros =
           sparse_forward_rows(x, ldx, rows, kv_end, mask_block(p, b, i0, 0), p.mask.row_stride,
                               visible_base(p, i0, 0), nz, t, scratch, lists);

@@ -38,7 +38,9 @@ def _bisect_threshold(x, alpha, tol=1e-12):
         n = (x > NEG_INF).sum(dim=-1, keepdim=True).to(x.dtype)
         lo = x_max - 1
         hi = x_max - (1 / n) ** (alpha - 1)
-        while (hi - lo).max() > tol:
+        for _ in range(200):
+            if (hi - lo).max() <= tol:
+                break
             mid = (lo + hi) / 2
             mass = torch.clamp(x - mid, min=0).pow(r).sum(-1, keepdim=True)
             lo = torch.where(mass >= 1, mid, lo)
@@ -62,7 +64,10 @@ def normalize(z, alpha):
     Returns (p, tau) with tau [..., 1] in the (α−1)·z units (+inf for empty rows)."""
     z = z.double()
     empty = (z == NEG_INF).all(dim=-1, keepdim=True)
-    x = (alpha - 1) * z.masked_fill(empty, 0.0)
+    z = z.masked_fill(empty, 0.0)
+    # Relative to the row's max (a constant shift of z shifts τ alike).
+    z_max = z.amax(dim=-1, keepdim=True).detach()
+    x = (alpha - 1) * (z - z_max)
     if alpha in (2.0, 1.5):
         tau = _sorted_threshold(x, alpha)
     else:
@@ -71,7 +76,7 @@ def normalize(z, alpha):
     if alpha not in (2.0, 1.5):
         p = p / p.sum(-1, keepdim=True)
     p = p.masked_fill(empty, 0.0)
-    tau = tau.masked_fill(empty, math.inf)
+    tau = (tau + (alpha - 1) * z_max).masked_fill(empty, math.inf)
     return p, tau
 
 

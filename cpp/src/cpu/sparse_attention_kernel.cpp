@@ -254,8 +254,9 @@ ATTNLAB_INLINE void forward_row(T* x, int64_t visible, const T* mask, const Spar
     return;
   }
   out.state[r] = kRowValues;
-  // Candidates: y = (α − 1)·(x − max) > −1, i.e. x > max − 1/(α − 1). Chunks without one are
-  // skipped after a vector compare; the rest are compacted branch-free.
+  // Candidates: y = (α − 1)·(x − max) > −1, i.e. x > max − 1/(α − 1) (taken as >=: the cut
+  // may round to max itself, which must stay in). Chunks without one are skipped after a
+  // vector compare; the rest are compacted branch-free.
   const T am1 = static_cast<T>(nz.am1);
   const T cut = x_max - static_cast<T>(1.0 / nz.am1);
   T* cand = scratch.value;
@@ -268,15 +269,15 @@ ATTNLAB_INLINE void forward_row(T* x, int64_t visible, const T* mask, const Spar
     int any = 0;
     if (n == L) {
 #pragma omp simd reduction(| : any)
-      for (int64_t j = 0; j < L; ++j) any |= xc[j] > cut;
+      for (int64_t j = 0; j < L; ++j) any |= xc[j] >= cut;
     } else {
-      for (int64_t j = 0; j < n; ++j) any |= xc[j] > cut;
+      for (int64_t j = 0; j < n; ++j) any |= xc[j] >= cut;
     }
     if (!any) continue;
     for (int64_t j = 0; j < n; ++j) {
       cand[m] = am1 * (xc[j] - x_max);
       cand_key[m] = static_cast<int32_t>(c0 + j);
-      m += xc[j] > cut;
+      m += xc[j] >= cut;
     }
   }
   for (int64_t j = m; j < (m + 7) / 8 * 8; ++j) cand[j] = -kInf<T>;  // whole chunks of 8

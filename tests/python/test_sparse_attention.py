@@ -547,3 +547,54 @@ def test_bad_operator_arguments():
                                                 *args[5:], None, True)
     with pytest.raises(RuntimeError, match=r"backward: weights has shape \[2, 4, 3\], expected \[2, 4, 4\]"):
         torch.ops.attnlab._sparse_sdpa_backward(*args, torch.ones(2, 4, 3))
+
+
+# ---- the Hugging Face backend ---------------------------------------------------------------
+
+def test_transformers_backends_with_sparse_normalizers():
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is optional (pip install attnlab[hf])")
+    import attnlab.integrations.transformers as hf
+    from transformers import AttentionInterface, AutoModel, LlamaConfig
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def reference_backend(normalizer, alpha):
+        def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                    is_causal=None, **kwargs):
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+            causal = attention_mask is None and query.shape[2] > 1
+            out, weights, _ = ref.attention(query, key, value, attention_mask, causal, scaling,
+                                            normalizer, alpha)
+            return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+        return forward
+
+    config = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=48, max_position_embeddings=32,
+                  bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.3)
+    ids = torch.randint(1, 61, (2, 9), generator=torch.Generator().manual_seed(1))
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[1, :3] = 0  # left padding
+    for name, normalizer, alpha in (("attnlab_sparsemax", "sparsemax", None),
+                                    ("attnlab_entmax15", "entmax15", None),
+                                    ("attnlab_test_entmax13", "entmax", 1.3)):
+        if name not in hf.SPARSE_NAMES:
+            hf.register(name, normalizer, alpha)
+        AttentionInterface.register(f"{name}_reference", reference_backend(normalizer, alpha))
+        AttentionMaskInterface.register(f"{name}_reference", sdpa_mask)
+        torch.manual_seed(0)
+        ours = AutoModel.from_config(LlamaConfig(**config), attn_implementation=name).eval()
+        theirs = AutoModel.from_config(LlamaConfig(**config),
+                                       attn_implementation=f"{name}_reference").eval()
+        theirs.load_state_dict(ours.state_dict())
+        out = ours(input_ids=ids, attention_mask=padding, output_attentions=True)
+        expected = theirs(input_ids=ids, attention_mask=padding, output_attentions=True)
+        real = padding.bool()
+        torch.testing.assert_close(out.last_hidden_state[real],
+                                   expected.last_hidden_state[real], rtol=1e-5, atol=1e-5)
+        for got, want in zip(out.attentions, expected.attentions):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        if normalizer != "entmax":
+            assert any((a[real[:, None, :, None].expand_as(a)] == 0).any() for a in out.attentions)
+    with pytest.raises(ValueError, match=r"unknown normalizer 'softermax'"):
+        hf.register("attnlab_bad", "softermax")

@@ -33,6 +33,30 @@ def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, sc
             grad_attn_mask, grad_w)
 
 
+@torch.library.register_fake("attnlab::_sparse_sdpa_forward")
+def _sparse_sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weights,
+                              alpha):
+    batch = _batch_shape(query, key, value)
+    len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
+    output = query.new_empty((*batch, len_q, dim_v))
+    # tau, like the log-sum-exp, is float32 for half-precision inputs.
+    tau_dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    tau = query.new_empty((*batch, len_q), dtype=tau_dtype)
+    support_value = query.new_empty((*batch, len_q, dim_v))
+    weights = query.new_empty((*batch, len_q, len_k) if need_weights else (0,))
+    return output, tau, support_value, weights
+
+
+@torch.library.register_fake("attnlab::_sparse_sdpa_backward")
+def _sparse_sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale,
+                               output, tau, support_value, alpha, weights=None,
+                               grad_mask=False):
+    grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
+                      else query.new_empty((0,)))
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            grad_attn_mask)
+
+
 @torch.library.register_fake("attnlab::_additive_scores_forward")
 def _additive_scores_forward_fake(query_proj, key_proj, weight):
     return query_proj.new_empty((query_proj.shape[0], query_proj.shape[1], key_proj.shape[1]))

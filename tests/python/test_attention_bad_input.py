@@ -31,6 +31,12 @@ CASES = {
     "mask on another device": (dict(attn_mask=torch.empty(4, 5, device="meta")), r"attn_mask is on meta but query is on cpu"),
     "nan scale": (dict(scale=math.nan), r"scale must be a finite number, got nan"),
     "infinite scale": (dict(scale=math.inf), r"scale must be a finite number, got inf"),
+    "unknown normalizer": (dict(normalizer="relu"), r'unknown normalizer "relu"; expected one of "softmax", "sparsemax", "entmax15" or "entmax"'),
+    "alpha without entmax": (dict(normalizer="entmax15", alpha=1.5), r'alpha is only taken by normalizer="entmax"'),
+    "entmax without alpha": (dict(normalizer="entmax"), r'normalizer="entmax" needs alpha'),
+    "entmax alpha 1": (dict(normalizer="entmax", alpha=1.0), r"alpha must be a finite number > 1 .*got 1"),
+    "entmax alpha nan": (dict(normalizer="entmax", alpha=math.nan), r"alpha must be a finite number > 1 .*got nan"),
+    "sparsemax of mismatched features": (dict(normalizer="sparsemax", key=torch.randn(2, 5, 7)), r"key has 7 features per position but query has 8"),
 }
 
 

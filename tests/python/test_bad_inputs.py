@@ -36,6 +36,15 @@ def sdpa_backward(**overrides):
     return torch.ops.attnlab._sdpa_backward(*args.values())
 
 
+def sparse_backward(**overrides):
+    output, tau, support_value, _ = torch.ops.attnlab._sparse_sdpa_forward(
+        q, k, v, None, False, None, False, 2.0)
+    args = dict(grad_output=torch.ones_like(output), query=q, key=k, value=v, attn_mask=None,
+                is_causal=False, scale=None, output=output, tau=tau,
+                support_value=support_value, alpha=2.0) | overrides
+    return torch.ops.attnlab._sparse_sdpa_backward(*args.values())
+
+
 OPERATORS = {
     "query is a list": (lambda: sdpa([[1.0]], k, v), RuntimeError,
                         r"Expected a value of type 'Tensor' for argument 'query'"),
@@ -65,6 +74,27 @@ OPERATORS = {
         lambda: torch.ops.attnlab._sdpa_backward(torch.ones(2, 4, 3), q, k, v, None, False, None,
                                                  *sdpa_forward_outputs()[:2], torch.ones(2, 4, 4)),
         RuntimeError, r"weights has shape \[2, 4, 4\], expected \[2, 4, 5\]"),
+    "normalizer is not a string": (lambda: sdpa(q, k, v, normalizer=2), RuntimeError,
+                                   r"Expected a value of type 'str' for argument 'normalizer'"),
+    "normalizer misspelt": (lambda: sdpa(q, k, v, normalizer="entmax-1.5"), RuntimeError,
+                            r'unknown normalizer "entmax-1.5"; expected one of "softmax", "sparsemax", "entmax15" or "entmax"'),
+    "alpha with sparsemax": (lambda: sdpa(q, k, v, normalizer="sparsemax", alpha=2.0), RuntimeError,
+                             r'alpha is only taken by normalizer="entmax" .*got alpha=2 with normalizer="sparsemax"'),
+    "entmax without alpha": (lambda: sdpa(q, k, v, normalizer="entmax"), RuntimeError,
+                             r'normalizer="entmax" needs alpha, a finite number > 1'),
+    "entmax alpha below 1": (lambda: sdpa(q, k, v, normalizer="entmax", alpha=0.9), RuntimeError,
+                             r"alpha must be a finite number > 1 .*got 0.9"),
+    "entmax alpha infinite": (lambda: sdpa(q, k, v, normalizer="entmax", alpha=math.inf),
+                              RuntimeError, r"alpha must be a finite number > 1 .*got inf"),
+    "sparse forward operator, alpha 1": (
+        lambda: torch.ops.attnlab._sparse_sdpa_forward(q, k, v, None, False, None, False, 1.0),
+        RuntimeError, r"alpha must be a finite number > 1 .*got 1"),
+    "sparse backward, tau of another shape": (
+        lambda: sparse_backward(tau=torch.zeros(2, 2)), RuntimeError,
+        r"backward: tau has shape \[2, 2\], expected \[2, 4\]"),
+    "sparse backward, support_value of another dtype": (
+        lambda: sparse_backward(support_value=torch.zeros(2, 4, 3, dtype=torch.float64)),
+        RuntimeError, r"backward: support_value has dtype Double, expected Float"),
     "additive, query_proj of rank 2": (lambda: additive(qp[0], kp, w), RuntimeError,
                                        r"query_proj must have 3 dimensions \[batch, length, hidden\], got shape \[3, 4\]"),
     "additive, weight of rank 2": (lambda: additive(qp, kp, w[None]), RuntimeError,
@@ -106,6 +136,19 @@ MODULES = {
     "cross attention key of the wrong width": (
         lambda: attn_nn.MultiHeadAttention(12, 3)(torch.randn(2, 4, 12), torch.randn(2, 4, 11), torch.randn(2, 4, 12)),
         ValueError, r"X_k must have shape \[batch, length, 12\], got \[2, 4, 11\]"),
+    "unknown normalizer for a module": (
+        lambda: attn_nn.MultiheadAttention(8, 16, 2, normalizer="sparse"), ValueError,
+        r"unknown normalizer 'sparse'; expected one of 'softmax', 'sparsemax', 'entmax15', 'entmax'"),
+    "encoder block, entmax without alpha": (
+        lambda: attn_nn.EncoderBlock(8, 2, 16, normalizer="entmax"), ValueError,
+        r"normalizer='entmax' needs alpha, a finite number > 1"),
+    "encoder, alpha of 1": (
+        lambda: attn_nn.TransformerEncoder(1, input_dim=8, num_heads=2, dim_feedforward=16,
+                                           normalizer="entmax", alpha=1), ValueError,
+        r"alpha must be a finite number > 1 .*got 1"),
+    "module, alpha a string": (
+        lambda: attn_nn.MultiheadAttention(8, 16, 2, normalizer="entmax", alpha="1.5"), TypeError,
+        r"alpha must be a number, got '1.5'"),
     "encoder dropout of 1": (lambda: attn_nn.EncoderBlock(8, 2, 16, dropout=1.0), ValueError,
                              r"dropout must be in \[0, 1\), got 1.0"),
     "sequence-first torch layer": (

@@ -301,3 +301,80 @@ def check_additive_scores(case):
 
 test_additive_scores_match_reference, test_additive_scores_match_reference_slow = \
     check_additive_scores
+
+
+# ---- sparse normalizers (sparsemax, entmax-1.5, α-entmax) ------------------------------------
+
+import sparse_reference  # noqa: E402  (float64 sort-based and bisection references)
+
+NORMALIZER_CHOICES = st.one_of(
+    st.sampled_from([("sparsemax", None), ("entmax15", None), ("entmax", 2.5)]),
+    st.floats(1.1, 1.9).map(lambda a: ("entmax", a)))
+
+
+def near_threshold(case, alpha):
+    """Whether a visible score lies within float32 rounding of its row's threshold, where
+    sparsemax's gradient jumps (a float32 kernel may then find the other support)."""
+    z = sparse_reference.scores(case.query, case.key, case.attn_mask, case.is_causal, case.scale)
+    _, tau = sparse_reference.normalize(z, alpha)
+    gap = ((alpha - 1) * z - tau).abs()
+    finite = torch.isfinite(gap)
+    if not finite.any():
+        return False
+    tolerance = 1e-4 * max(1.0, z[torch.isfinite(z)].abs().max().item())
+    return bool((gap[finite] < tolerance).any())
+
+
+@property_tests(st.tuples(attention_cases(), NORMALIZER_CHOICES), examples=300)
+def check_sparse_attention(drawn):
+    """Output, weights, tau and U against the float64 references; gradients of query, key,
+    value and a float mask against autograd through them. Gradients are not compared for
+    α > 2 (s = p^(2−α) is unbounded at the support's edge) nor, in float32, for sparsemax
+    examples with a score within rounding of the threshold (its gradient jumps there)."""
+    case, (normalizer, alpha) = drawn
+    a = sparse_reference.alpha_of(normalizer, alpha)
+    q, k, v, mask = leaves(case)
+    need_weights = q.numel() % 2 == 0  # both backward paths: stored weights or recomputed
+    output, weights = attnlab.scaled_dot_product_attention(
+        q, k, v, mask, case.is_causal, case.scale, need_weights, normalizer, alpha)
+    ref_output, ref_weights, ref_tau = sparse_reference.attention(
+        **case.args(), normalizer=normalizer, alpha=alpha)
+    dtype = case.query.dtype
+    assert output.dtype == dtype
+    assert_matches(output, ref_output, "output", dtype)
+    if need_weights:
+        assert_matches(weights, ref_weights.expand(weights.shape), "weights", dtype)
+        assert (weights >= 0).all()
+    else:
+        assert weights is None
+
+    _, tau, support_value, _ = torch.ops.attnlab._sparse_sdpa_forward(
+        case.query, case.key, case.value, case.attn_mask, case.is_causal, case.scale, False, a)
+    ref_tau = ref_tau.expand(tau.shape)
+    seen = torch.isfinite(ref_tau)
+    assert torch.equal(torch.isinf(tau), ~seen)
+    z_max = sparse_reference.scores(case.query, case.key, case.attn_mask, case.is_causal,
+                                    case.scale).amax(-1).expand(tau.shape)
+    # tau sits at the scores' scale: compare relative to it.
+    assert_matches(tau[seen], ref_tau[seen], "tau", dtype,
+                   magnitude=(a - 1) * z_max[seen].abs().max().item() if seen.any() else None)
+    assert support_value.shape == output.shape
+
+    sparsemax_f32 = a == 2.0 and torch.float32 in (dtype, mask.dtype if mask is not None else dtype)
+    if a > 2 or (sparsemax_f32 and near_threshold(case, a)):
+        return
+    grad_output = upstream_gradient(output, case.seed)
+    inputs = [q, k, v] + ([mask] if mask is not None and mask.requires_grad else [])
+    grads = torch.autograd.grad(output, inputs, grad_output)
+    ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
+    ref_mask = ref_leaves[3] if len(ref_leaves) > 3 else case.attn_mask
+    ref_out, _, _ = sparse_reference.attention(
+        *ref_leaves[:3], ref_mask, case.is_causal, case.scale, normalizer, alpha)
+    refs = torch.autograd.grad(ref_out, ref_leaves, grad_output.double())
+    for name, grad, ref in zip(["query", "key", "value", "attn_mask"], grads, refs):
+        assert_matches(grad, ref, f"gradient of {name}", gradient_precision(case, grad),
+                       gradient=True, magnitude=largest(refs))
+
+
+test_sparse_attention_matches_reference, test_sparse_attention_matches_reference_slow = \
+    check_sparse_attention

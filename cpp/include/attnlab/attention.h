@@ -4,23 +4,28 @@
 // autograd as Python callers.
 
 #include <optional>
+#include <string_view>
 #include <tuple>
 
 #include <ATen/Tensor.h>
 
 namespace attnlab {
 
-// softmax(query·keyᵀ·scale + mask)·value over the last two dimensions.
+// normalize(query·keyᵀ·scale + mask)·value over the last two dimensions.
 //   query [..., L_q, E], key [..., L_k, E], value [..., L_k, E_v]; leading dimensions broadcast.
 //   attn_mask: bool (true = may attend) or floating point (added to the scores), broadcastable
 //   to [..., L_q, L_k]. is_causal: query i sees keys j <= i (top-left aligned, as in PyTorch).
 //   scale defaults to 1/sqrt(E). A query whose keys are all masked gets zeros and zero weights.
+//   normalizer: "softmax" (default), "sparsemax" (α = 2), "entmax15" (α = 1.5) or "entmax" with
+//   alpha > 1 (α-entmax): p = [(α − 1)·z − τ]_+^{1/(α − 1)} per query row, τ such that the row
+//   sums to 1, so keys below the threshold get exactly zero weight. alpha only with "entmax".
 // Returns (output [..., L_q, E_v], weights [..., L_q, L_k]); weights is an empty tensor unless
-// need_weights is true. Gradients flow to query, key and value.
+// need_weights is true. Gradients flow to query, key, value and a floating-point mask.
 std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_mask = std::nullopt, bool is_causal = false,
-    std::optional<double> scale = std::nullopt, bool need_weights = false);
+    std::optional<double> scale = std::nullopt, bool need_weights = false,
+    std::string_view normalizer = "softmax", std::optional<double> alpha = std::nullopt);
 
 // Additive (Bahdanau) scores: scores[b, q, k] = Σ_j weight[j]·tanh(query_proj[b, q, j] +
 // key_proj[b, k, j]) for query_proj [B, Q, h] (= W₁·queries) and key_proj [B, K, h]

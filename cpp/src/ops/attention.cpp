@@ -16,6 +16,7 @@
 #include "cpu/attention_kernel.h"
 #include "ops/checks.h"
 #include "ops/layout.h"
+#include "ops/sparse_attention.h"
 
 namespace attnlab {
 namespace {
@@ -257,8 +258,13 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
                                           const Tensor& value,
                                           const std::optional<Tensor>& attn_mask,
                                           bool is_causal, std::optional<double> scale,
-                                          bool need_weights) {
+                                          bool need_weights, c10::string_view normalizer,
+                                          std::optional<double> alpha) {
   checks::sdpa_kinds(query, key, value, attn_mask, scale);
+  if (const auto sparse_alpha = normalizer_alpha(normalizer, alpha)) {
+    return sparse_scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale,
+                                               need_weights, *sparse_alpha);
+  }
   auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights,
                                   keep_probabilities(query, key, value, attn_mask));
   return {outs[0], outs[1]};
@@ -269,11 +275,11 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
 std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    bool need_weights) {
+    bool need_weights, std::string_view normalizer, std::optional<double> alpha) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("attnlab::scaled_dot_product_attention", "")
                        .typed<decltype(sdpa_composite)>();
-  return op.call(query, key, value, attn_mask, is_causal, scale, need_weights);
+  return op.call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha);
 }
 
 }  // namespace attnlab
@@ -284,7 +290,8 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask=None, bool is_causal=False, float? scale=None, "
-      "bool need_weights=False) -> (Tensor output, Tensor weights)");
+      "bool need_weights=False, str normalizer=\"softmax\", float? alpha=None) "
+      "-> (Tensor output, Tensor weights)");
   m.def(
       "_sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
       "bool is_causal, float? scale, bool need_weights) "

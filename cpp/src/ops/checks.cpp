@@ -270,3 +270,53 @@ void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t nu
 }
 
 }  // namespace attnlab::checks
+
+namespace attnlab::checks {
+
+void sparse_alpha(double alpha) {
+  TORCH_CHECK(std::isfinite(alpha) && alpha > 1, kSdpa,
+              ": alpha must be a finite number > 1 (2 is sparsemax, 1.5 entmax-1.5; alpha -> 1 "
+              "approaches softmax, normalizer=\"softmax\"), got ", alpha);
+}
+
+void sparse_sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& output,
+                                 const at::Tensor& tau, const at::Tensor& support_value,
+                                 const std::optional<at::Tensor>& weights,
+                                 at::IntArrayRef batch_shape, int64_t len_q, int64_t len_k,
+                                 int64_t dim_v) {
+  // The rules of the softmax backward, with tau in the place of the log-sum-exp, and
+  // support_value shaped and typed like the output.
+  std::vector<int64_t> row_shape(batch_shape.begin(), batch_shape.end());
+  row_shape.push_back(len_q);
+  auto out_shape = row_shape;
+  out_shape.push_back(dim_v);
+  const auto dtype = output.scalar_type();
+  // Half-precision inputs keep tau in float32 (as the log-sum-exp of the softmax kernels).
+  const auto tau_dtype = at::isReducedFloatingType(dtype) ? at::kFloat : dtype;
+  for (const auto& [t, name, shape, type] :
+       {std::tuple{&grad_output, "grad_output", &out_shape, dtype},
+        std::tuple{&output, "output", &out_shape, dtype},
+        std::tuple{&support_value, "support_value", &out_shape, dtype},
+        std::tuple{&tau, "tau", &row_shape, tau_dtype}}) {
+    TORCH_CHECK(t->defined(), kSdpa, " backward: ", name, " is an undefined tensor");
+    TORCH_CHECK(t->sizes() == at::IntArrayRef(*shape), kSdpa, " backward: ", name,
+                " has shape ", shape_str(t->sizes()), ", expected ", shape_str(*shape));
+    TORCH_CHECK(t->scalar_type() == type, kSdpa, " backward: ", name, " has dtype ",
+                t->scalar_type(), ", expected ", type);
+    TORCH_CHECK(t->device() == output.device(), kSdpa, " backward: ", name, " is on ",
+                t->device(), " but output is on ", output.device());
+  }
+  if (weights && weights->numel() > 0) {
+    auto weights_shape = row_shape;
+    weights_shape.push_back(len_k);
+    TORCH_CHECK(weights->sizes() == at::IntArrayRef(weights_shape), kSdpa,
+                " backward: weights has shape ", shape_str(weights->sizes()), ", expected ",
+                shape_str(weights_shape));
+    TORCH_CHECK(weights->scalar_type() == dtype, kSdpa, " backward: weights has dtype ",
+                weights->scalar_type(), ", expected ", dtype);
+    TORCH_CHECK(weights->device() == output.device(), kSdpa, " backward: weights is on ",
+                weights->device(), " but output is on ", output.device());
+  }
+}
+
+}  // namespace attnlab::checks

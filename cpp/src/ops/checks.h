@@ -43,3 +43,18 @@ void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t nu
                           double norm2_eps);
 
 }  // namespace attnlab::checks
+
+namespace attnlab::checks {
+
+// The α of a sparse normalizer: a finite number > 1.
+void sparse_alpha(double alpha);
+
+// The sparse-normalizer backward's extra tensors (tau [..., L_q], support_value
+// [..., L_q, E_v], the weights when given) against the forward's inputs.
+void sparse_sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor& output,
+                                 const at::Tensor& tau, const at::Tensor& support_value,
+                                 const std::optional<at::Tensor>& weights,
+                                 at::IntArrayRef batch_shape, int64_t len_q, int64_t len_k,
+                                 int64_t dim_v);
+
+}  // namespace attnlab::checks

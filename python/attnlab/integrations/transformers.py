@@ -32,11 +32,19 @@ that accepts ``attn_implementation`` runs every attention layer through
 - A query row whose keys are all masked (e.g. left padding in a causal model) gets a zero output
   and zero weights; ``"eager"`` gives such rows uniform weights over all keys. Those rows belong
   to padding tokens, so the outputs at real tokens are the same.
+- **Sparse normalizers**: ``"attnlab_sparsemax"`` and ``"attnlab_entmax15"`` are registered too,
+  and run every attention layer with sparsemax or 1.5-entmax instead of softmax (weights with
+  exact zeros; see ``normalizer=`` of :func:`attnlab.functional.scaled_dot_product_attention`).
+  A model trained with softmax computes something else under them: they are for training or
+  fine-tuning with a sparse attention. ``register(name, normalizer="entmax", alpha=1.3)`` adds
+  any other.
 
 Needs ``pip install attnlab[hf]`` (transformers 5.23 or newer).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -56,7 +64,10 @@ except ImportError:  # pragma: no cover - other transformers versions
 from .. import functional
 
 NAME = "attnlab"
-"""The ``attn_implementation`` name this module registers."""
+"""The ``attn_implementation`` name of attnlab's softmax attention."""
+
+SPARSE_NAMES = {"attnlab_sparsemax": ("sparsemax", None), "attnlab_entmax15": ("entmax15", None)}
+"""The sparse-normalizer backends this module also registers: name → (normalizer, alpha)."""
 
 # Keyword arguments models pass to their attention function that do not change what the
 # attention computes here (transformers has already folded them into the mask, or they are for
@@ -131,7 +142,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       value: torch.Tensor, attention_mask: torch.Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None,
                       is_causal: bool | None = None, output_attentions: bool | None = None,
-                      **kwargs):
+                      *, normalizer: str = "softmax", alpha: float | None = None, **kwargs):
     """The attention function transformers calls for ``attn_implementation="attnlab"``.
 
     Args:
@@ -147,6 +158,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             masks already hold causality otherwise.
         output_attentions: ask for the weights; they are also computed whenever the running
             model forward collects attentions.
+        normalizer: ``"softmax"`` (``attn_implementation="attnlab"``), or the sparse normalizer
+            a name registered by :func:`register` fixes (``"sparsemax"``, ``"entmax15"``,
+            ``"entmax"``).
+        alpha: the α of ``normalizer="entmax"``.
         **kwargs: what models pass besides; those that do not change the attention are ignored,
             anything else raises ``TypeError`` / ``ValueError``.
 
@@ -195,7 +210,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                 mask = mask.unsqueeze(2)
     output, weights = functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=causal, scale=scaling,
-        need_weights=need_weights)
+        need_weights=need_weights, normalizer=normalizer, alpha=alpha)
     if groups > 1:
         output = output.flatten(1, 2)
         if weights is not None:
@@ -203,14 +218,35 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     return output.transpose(1, 2).contiguous(), weights
 
 
-def register() -> None:
-    """Register ``"attnlab"`` with transformers' ``AttentionInterface`` and
-    ``AttentionMaskInterface`` (the masks are transformers' ``sdpa`` masks: boolean, or ``None``
-    when a causal flag suffices). Idempotent; importing this module already calls it."""
-    AttentionInterface.register(NAME, attention_forward)
-    AttentionMaskInterface.register(NAME, sdpa_mask)
+def register(name: str = NAME, normalizer: str = "softmax", alpha: float | None = None) -> None:
+    """Register ``name`` with transformers' ``AttentionInterface`` and ``AttentionMaskInterface``
+    (the masks are transformers' ``sdpa`` masks: boolean, or ``None`` when a causal flag
+    suffices), so that ``attn_implementation=name`` runs through attnlab with ``normalizer``
+    (and ``alpha`` for ``"entmax"``). Idempotent; importing this module already registers
+    ``"attnlab"`` (softmax), ``"attnlab_sparsemax"`` and ``"attnlab_entmax15"``.
+
+    Args:
+        name: the ``attn_implementation`` name.
+        normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"`` or ``"entmax"``.
+        alpha: the α of ``"entmax"`` (a finite number > 1); only with ``"entmax"``.
+
+    Raises:
+        ValueError: an unknown normalizer, or alpha missing, misplaced or not > 1.
+    """
+    functional.check_normalizer(normalizer, alpha)
+    if normalizer == "softmax":
+        forward = attention_forward
+    else:
+        @functools.wraps(attention_forward)
+        def forward(*args, **kwargs):
+            return attention_forward(*args, normalizer=normalizer, alpha=alpha, **kwargs)
+    AttentionInterface.register(name, forward)
+    AttentionMaskInterface.register(name, sdpa_mask)
 
 
 register()
+for _name, (_normalizer, _alpha) in SPARSE_NAMES.items():
+    register(_name, _normalizer, _alpha)
+del _name, _normalizer, _alpha
 
-__all__ = ["NAME", "attention_forward", "register"]
+__all__ = ["NAME", "SPARSE_NAMES", "attention_forward", "register"]

@@ -81,10 +81,21 @@ class Recorder:
         """The number of attention calls recorded."""
         return len(self._weights)
 
-    def _attend(self, query, key, value, attn_mask, is_causal, scale, need_weights):
+    def _attend(self, query, key, value, attn_mask, is_causal, scale, need_weights,
+                normalizer="softmax", alpha=None):
         """One recorded call; results as ``attnlab.functional.scaled_dot_product_attention``."""
-        output, weights = _RecordedAttention.apply(query, key, value, attn_mask, is_causal,
-                                                   scale, self, len(self._weights))
+        if normalizer == "softmax" and alpha is None:
+            output, weights = _RecordedAttention.apply(query, key, value, attn_mask, is_causal,
+                                                       scale, self, len(self._weights))
+        else:
+            # A sparse normalizer: the operator's own autograd, and dP = dO·Vᵀ from the output's
+            # gradient as it passes.
+            output, weights = torch.ops.attnlab.scaled_dot_product_attention(
+                query, key, value, attn_mask, is_causal, scale, True, normalizer, alpha)
+            if output.requires_grad:
+                index = len(self._weights)
+                output.register_hook(
+                    lambda grad: self._add_grad(index, grad @ value.transpose(-2, -1)))
         self._weights.append(weights)
         self._grads.append(None)
         if self._keep_inputs:

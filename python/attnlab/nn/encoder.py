@@ -17,17 +17,32 @@ class EncoderBlock(nn.Module):
     On the CPU, whenever dropout is inactive (p = 0, or eval mode), the whole block runs as one
     fused operator, ``torch.ops.attnlab.encoder_block``, forward and backward; otherwise it
     runs module by module. Inside ``attnlab.interpret.record()`` it always runs module by
-    module, so that the recorder sees its attention call."""
+    module, so that the recorder sees its attention call.
+
+    Args:
+        input_dim: width of the input and output.
+        num_heads: attention heads; must divide ``input_dim``.
+        dim_feedforward: hidden width of ``linear_net``.
+        dropout: dropout probability, in [0, 1).
+        norm_first: pre-norm instead of post-norm.
+        normalizer: the attention's normalizer (``"softmax"``, ``"sparsemax"``, ``"entmax15"``
+            or ``"entmax"`` with ``alpha``), as in
+            :func:`attnlab.functional.scaled_dot_product_attention`. The fused operator is
+            softmax-only: with any other normalizer the block always runs module by module.
+        alpha: the α of ``normalizer="entmax"``; only with ``"entmax"``.
+    """
 
     def __init__(self, input_dim: int, num_heads: int, dim_feedforward: int,
-                 dropout: float = 0.0, norm_first: bool = False):
+                 dropout: float = 0.0, norm_first: bool = False, normalizer: str = "softmax",
+                 alpha: float | None = None):
         super().__init__()
         if dim_feedforward <= 0:
             raise ValueError(f"dim_feedforward must be positive, got {dim_feedforward}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.norm_first = norm_first
-        self.self_attn = MultiheadAttention(input_dim, input_dim, num_heads)
+        self.self_attn = MultiheadAttention(input_dim, input_dim, num_heads,
+                                            normalizer=normalizer, alpha=alpha)
         self.linear_net = nn.Sequential(
             nn.Linear(input_dim, dim_feedforward),
             nn.Dropout(dropout),
@@ -39,6 +54,8 @@ class EncoderBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The block applied to x ``[B, L, input_dim]``; mask as for
+        :class:`MultiheadAttention`."""
         if self._fusable(x, mask):
             return torch.ops.attnlab.encoder_block(
                 x, *self._fused_parameters(), self.self_attn.num_heads,
@@ -51,12 +68,13 @@ class EncoderBlock(nn.Module):
         return self.norm2(x + self.dropout(self.linear_net(x)))
 
     def _fusable(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
-        """Whether the fused operator computes this forward: on the CPU in float32, float64,
-        float16 or bfloat16 (the last two computed in float32 and rounded once at the end), with
-        dropout inactive, no mask that wants a gradient, and no attention recorder active (the
-        fused operator computes attention internally)."""
+        """Whether the fused operator computes this forward: softmax attention, on the CPU in
+        float32, float64, float16 or bfloat16 (the last two computed in float32 and rounded once
+        at the end), with dropout inactive, no mask that wants a gradient, and no attention
+        recorder active (the fused operator computes attention internally)."""
         dropout_active = self.training and (self.dropout.p > 0 or self.linear_net[1].p > 0)
-        return (x.device.type == "cpu" and x.dim() == 3
+        return (self.self_attn.normalizer == "softmax"
+                and x.device.type == "cpu" and x.dim() == 3
                 and x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
                 and x.shape[-1] == self.self_attn.input_dim
                 and x.dtype == self.self_attn.qkv_proj.weight.dtype
@@ -93,7 +111,10 @@ class EncoderBlock(nn.Module):
 
 
 class TransformerEncoder(nn.Module):
-    """``num_layers`` EncoderBlocks built from ``block_args``."""
+    """``num_layers`` EncoderBlocks built from ``block_args`` (``input_dim``, ``num_heads``,
+    ``dim_feedforward``, and optionally ``dropout``, ``norm_first``, ``normalizer``,
+    ``alpha``: see :class:`EncoderBlock`; blocks with a normalizer other than softmax run module
+    by module)."""
 
     def __init__(self, num_layers: int, **block_args):
         super().__init__()

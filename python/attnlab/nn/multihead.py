@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import scaled_dot_product_attention
+from ..functional import check_normalizer, scaled_dot_product_attention
 
 
 def _heads_mask(mask: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
@@ -28,10 +28,23 @@ def _heads_mask(mask: torch.Tensor | None, batch: int, length: int) -> torch.Ten
 class MultiheadAttention(nn.Module):
     """Self-attention: ``qkv_proj`` (input_dim → 3·embed_dim, reshaped to [B, L, H, 3·head_dim]
     and split into q, k, v per head), attention per head, ``o_proj`` (embed_dim → embed_dim).
-    Xavier-uniform weights, zero biases."""
+    Xavier-uniform weights, zero biases.
 
-    def __init__(self, input_dim: int, embed_dim: int, num_heads: int):
+    Args:
+        input_dim: width of the input x.
+        embed_dim: width of q, k, v over all heads, and of the output.
+        num_heads: number of heads; must divide ``embed_dim``.
+        normalizer: how scores become weights, as in
+            :func:`attnlab.functional.scaled_dot_product_attention`: ``"softmax"`` (default),
+            ``"sparsemax"``, ``"entmax15"`` or ``"entmax"`` (with ``alpha``). The sparse ones
+            give keys exactly zero weight.
+        alpha: the α of ``normalizer="entmax"`` (a finite number > 1); only with ``"entmax"``.
+    """
+
+    def __init__(self, input_dim: int, embed_dim: int, num_heads: int,
+                 normalizer: str = "softmax", alpha: float | None = None):
         super().__init__()
+        check_normalizer(normalizer, alpha)
         for name, value in (("input_dim", input_dim), ("embed_dim", embed_dim),
                             ("num_heads", num_heads)):
             if not isinstance(value, int):
@@ -45,6 +58,8 @@ class MultiheadAttention(nn.Module):
         self.embed_dim = embed_dim
         self.num_heads = num_heads
         self.head_dim = embed_dim // num_heads
+        self.normalizer = normalizer
+        self.alpha = alpha
         self.qkv_proj = nn.Linear(input_dim, 3 * embed_dim)
         self.o_proj = nn.Linear(embed_dim, embed_dim)
         self._reset_parameters()
@@ -56,6 +71,17 @@ class MultiheadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 return_attention: bool = False):
+        """Self-attention over x ``[batch, length, input_dim]``.
+
+        Args:
+            x: the input ``[B, L, input_dim]``.
+            mask: ``[L, L]``, ``[B, L, L]`` or ``[B, H, L, L]``; boolean (``True`` = may attend)
+                or floating point (added to the scores).
+            return_attention: also return the weights ``[B, H, L, L]``.
+
+        Returns:
+            ``[B, L, embed_dim]``, or the pair (that, weights) with ``return_attention``.
+        """
         if x.dim() != 3 or x.shape[-1] != self.input_dim:
             raise ValueError(f"MultiheadAttention expects x of shape [batch, length, "
                              f"{self.input_dim}], got {list(x.shape)}")
@@ -66,7 +92,8 @@ class MultiheadAttention(nn.Module):
         qkv = self.qkv_proj(x).reshape(batch, length, self.num_heads, 3, self.head_dim)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [B, H, L, head_dim]
         values, attention = scaled_dot_product_attention(
-            q, k, v, attn_mask=_heads_mask(mask, batch, length), need_weights=return_attention)
+            q, k, v, attn_mask=_heads_mask(mask, batch, length), need_weights=return_attention,
+            normalizer=self.normalizer, alpha=self.alpha)
         values = values.permute(0, 2, 1, 3).reshape(batch, length, self.embed_dim)
         out = self.o_proj(values)
         return (out, attention) if return_attention else out

@@ -1,0 +1,600 @@
+"""Sparse normalizers (sparsemax, entmax-1.5, α-entmax) in attnlab's attention operator, against
+the float64 references of sparse_reference.py (sort-based sparsemax and entmax-1.5, α-entmax by
+bisection to 1e-12), written with plain torch ops."""
+
+import math
+
+import pytest
+import torch
+
+import attnlab
+import sparse_reference as ref
+from attnlab import nn as attn_nn
+
+sdpa = attnlab.scaled_dot_product_attention
+
+# (normalizer, alpha) pairs; the exact paths, and α-entmax by bisection below and above 2.
+NORMALIZERS = [("sparsemax", None), ("entmax15", None), ("entmax", 1.3), ("entmax", 1.75),
+               ("entmax", 3.0)]
+IDS = ["sparsemax", "entmax15", "entmax1.3", "entmax1.75", "entmax3"]
+
+
+def make(*shape, seed=0, dtype=torch.float64, scale=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(*shape, generator=gen, dtype=dtype)
+
+
+def assert_close(actual, expected, what, dtype, gradient=False):
+    """float64: 1e-9 (1e-7 for gradients, which the reference's 1e-12 bisection bounds);
+    float32: 1e-5 (1e-4 for gradients) of the largest expected entry."""
+    assert actual.shape == expected.shape, f"{what}: shape {list(actual.shape)} != {list(expected.shape)}"
+    if dtype == torch.float64:
+        tol = 1e-7 if gradient else 1e-9
+    else:
+        tol = 1e-4 if gradient else 1e-5
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    torch.testing.assert_close(actual.double(), expected.double(), rtol=0, atol=tol * scale,
+                               msg=lambda m: f"{what}: {m}")
+
+
+def margin(query, key, attn_mask, is_causal, scale, normalizer, alpha):
+    """The smallest |(α−1)·z − τ| over visible entries: how far the inputs are from a change of
+    support."""
+    a = ref.alpha_of(normalizer, alpha)
+    z = ref.scores(query, key, attn_mask, is_causal, scale)
+    _, tau = ref.normalize(z, a)
+    gap = ((a - 1) * z - tau).abs()
+    return gap[torch.isfinite(gap)].min().item()
+
+
+def problem(seed, dtype, batch=(2, 3), len_q=11, len_k=13, dim=8, dim_v=5, scale_inputs=1.0):
+    q = make(*batch, len_q, dim, seed=seed, dtype=dtype, scale=scale_inputs)
+    k = make(*batch[-1:], len_k, dim, seed=seed + 1, dtype=dtype, scale=scale_inputs)  # broadcast
+    v = make(*batch, len_k, dim_v, seed=seed + 2, dtype=dtype)
+    return q, k, v
+
+
+# ---- values, weights, thresholds -------------------------------------------------------------
+
+SHAPES = {  # the kernel's three row paths: short rows (dense, no lists), long sparse rows
+    # (support lists, gathered products) and long dense rows (lists turned dense)
+    "short": dict(len_q=11, len_k=13, scale=None),
+    "long sparse": dict(len_q=9, len_k=300, scale=2.0),
+    "long dense": dict(len_q=9, len_k=300, scale=1e-3),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_values_weights_and_tau_match_reference(normalizer, alpha, shape, dtype):
+    s = SHAPES[shape]
+    q, k, v = problem(3, dtype, len_q=s["len_q"], len_k=s["len_k"])
+    mask = make(s["len_q"], s["len_k"], seed=9) > -1.0  # boolean, broadcast over the batch
+    for causal in (False, True):
+        output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(
+            q, k, v, mask, causal, s["scale"], True, ref.alpha_of(normalizer, alpha))
+        ref_out, ref_w, ref_tau = ref.attention(q, k, v, mask, causal, s["scale"], normalizer,
+                                                alpha)
+        assert output.dtype == tau.dtype == support_value.dtype == weights.dtype == dtype
+        assert_close(output, ref_out, "output", dtype)
+        assert_close(weights, ref_w, "weights", dtype)
+        seen = torch.isfinite(ref_tau)
+        assert torch.equal(torch.isinf(tau), ~seen), "tau is +inf exactly for rows without keys"
+        assert_close(tau[seen], ref_tau[seen], "tau", dtype)
+        # U = Σ s·v / Σ s with s = p^(2−α) on the support.
+        s_ref = torch.where(ref_w > 0, ref_w.clamp(min=1e-300) ** (2 - ref.alpha_of(normalizer, alpha)),
+                            torch.zeros_like(ref_w))
+        u_ref = (s_ref @ v.double()) / s_ref.sum(-1, keepdim=True).clamp(min=1e-300)
+        assert_close(support_value, u_ref, "support_value", dtype, gradient=True)
+        # Same output through the public function, weights or not.
+        out2, none = sdpa(q, k, v, mask, causal, s["scale"], normalizer=normalizer, alpha=alpha)
+        assert none is None
+        torch.testing.assert_close(out2, output, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
+
+
+def gaps(query, key, attn_mask, is_causal, scale, normalizer, alpha):
+    """|(α−1)·z − τ| per entry (inf where hidden): an entry's distance from the threshold."""
+    a = ref.alpha_of(normalizer, alpha)
+    z = ref.scores(query, key, attn_mask, is_causal, scale)
+    _, tau = ref.normalize(z, a)
+    return ((a - 1) * z - tau).abs().nan_to_num(nan=math.inf)
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_exact_zeros_where_the_reference_has_zeros(normalizer, alpha):
+    # Entries clearly off the threshold (by more than the inputs' rounding: 1e-6 in float32)
+    # are zero exactly when the reference's are; nearly all entries are that clear.
+    for dtype, clear in ((torch.float64, 1e-9), (torch.float32, 1e-6)):
+        for len_k, scale in ((16, 2.0), (200, 2.0), (200, 0.05)):
+            q, k, v = problem(11, dtype, batch=(3,), len_q=20, len_k=len_k)
+            sure = gaps(q, k, None, False, scale, normalizer, alpha) > clear
+            assert sure.double().mean() > 0.99
+            _, weights = sdpa(q, k, v, scale=scale, need_weights=True, normalizer=normalizer,
+                              alpha=alpha)
+            _, ref_w, _ = ref.attention(q, k, v, None, False, scale, normalizer, alpha)
+            assert torch.equal((weights == 0)[sure], (ref_w == 0)[sure])
+            assert (weights > 0).any() and torch.all(weights >= 0)
+            assert (weights == 0).any() or scale < 1
+            torch.testing.assert_close(weights.double().sum(-1), torch.ones(3, 20, dtype=torch.float64),
+                                       rtol=0, atol=1e-12 if dtype == torch.float64 else 1e-5)
+
+
+def test_alpha_2_and_1_5_are_sparsemax_and_entmax15():
+    q, k, v = problem(5, torch.float64)
+    for name, alpha in (("sparsemax", 2.0), ("entmax15", 1.5)):
+        named = sdpa(q, k, v, need_weights=True, normalizer=name)
+        general = sdpa(q, k, v, need_weights=True, normalizer="entmax", alpha=alpha)
+        assert torch.equal(named[0], general[0]) and torch.equal(named[1], general[1])
+
+
+def test_normalizers_differ_and_softmax_is_unchanged():
+    q, k, v = problem(6, torch.float64)
+    soft = sdpa(q, k, v, need_weights=True)
+    soft_named = sdpa(q, k, v, need_weights=True, normalizer="softmax")
+    assert torch.equal(soft[0], soft_named[0]) and torch.equal(soft[1], soft_named[1])
+    assert (soft[1] > 0).all()
+    for normalizer, alpha in NORMALIZERS:
+        _, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+        assert (w == 0).any(), normalizer
+    # α-entmax approaches softmax as α → 1.
+    _, near_soft = sdpa(q, k, v, need_weights=True, normalizer="entmax", alpha=1.0001)
+    torch.testing.assert_close(near_soft, soft[1], rtol=0, atol=1e-3)
+
+
+# ---- gradients ------------------------------------------------------------------------------
+
+# s = p^(2−α) is unbounded as p → 0 for α > 2: float32 gradients of α > 2 lose digits near the
+# support's edge, so α = 3 is checked in float64 only.
+GRADIENT_CASES = [(n, a, dtype) for (n, a) in NORMALIZERS for dtype in (torch.float64, torch.float32)
+                  if not (a is not None and a > 2 and dtype == torch.float32)]
+
+
+@pytest.mark.parametrize("need_weights", [False, True], ids=["recomputed", "from-weights"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("normalizer,alpha,dtype", GRADIENT_CASES,
+                         ids=[f"{n if a is None else f'entmax{a}'}-{str(d)[-7:]}" for n, a, d in GRADIENT_CASES])
+def test_gradients_match_reference(normalizer, alpha, dtype, shape, need_weights):
+    s = SHAPES[shape]
+    q, k, v = problem(21, dtype, len_q=s["len_q"], len_k=s["len_k"])
+    mask = make(3, s["len_q"], s["len_k"], seed=4, dtype=dtype)  # float: [heads, L_q, L_k]
+    mask = mask.masked_fill(make(s["len_q"], s["len_k"], seed=8) > 1.2, -math.inf)
+    causal = shape != "long dense"
+    # Away from changes of support, where sparsemax's gradient jumps.
+    assert margin(q, k, mask, causal, s["scale"], normalizer, alpha) > 1e-5
+    leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
+    output, _ = sdpa(*leaves[:3], leaves[3], causal, s["scale"], need_weights, normalizer, alpha)
+    grad = make(*output.shape, seed=30, dtype=dtype)
+    grads = torch.autograd.grad(output, leaves, grad)
+    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, mask)]
+    ref_out, _, _ = ref.attention(*ref_leaves[:3], ref_leaves[3], causal, s["scale"], normalizer,
+                                  alpha)
+    ref_grads = torch.autograd.grad(ref_out, ref_leaves, grad.double())
+    for name, got, want in zip(["query", "key", "value", "attn_mask"], grads, ref_grads):
+        assert got.dtype == dtype
+        assert_close(got, want, f"gradient of {name}", dtype, gradient=True)
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_gradcheck_float64(normalizer, alpha):
+    # Sparsemax's gradient jumps where the support changes: inputs at least 1e-3 away.
+    q, k, v = (t.requires_grad_() for t in problem(40, torch.float64, batch=(2,), len_q=4,
+                                                   len_k=6, dim=3, dim_v=2))
+    mask = make(4, 6, seed=41).requires_grad_()
+    assert margin(q, k, mask, False, 1.5, normalizer, alpha) > 1e-3
+
+    def fn(q, k, v, mask):
+        return sdpa(q, k, v, mask, False, 1.5, normalizer=normalizer, alpha=alpha)[0]
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, mask))
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS[:3], ids=IDS[:3])
+def test_gradcheck_causal_bool_mask_and_broadcast(normalizer, alpha):
+    q = make(2, 1, 5, 3, seed=50).requires_grad_()
+    k = make(1, 3, 5, 3, seed=51).requires_grad_()
+    v = make(5, 2, seed=52).requires_grad_()
+    mask = make(5, 5, seed=53) > -0.8
+    mask[2] = False  # a fully masked row
+    assert margin(q, k, mask, True, 2.0, normalizer, alpha) > 1e-3
+
+    def fn(q, k, v):
+        return sdpa(q, k, v, mask, True, 2.0, normalizer=normalizer, alpha=alpha)[0]
+
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+# ---- edge cases -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_fully_masked_rows_give_zeros_forward_and_backward(normalizer, alpha):
+    q, k, v = (t.requires_grad_() for t in problem(60, torch.float64, batch=(2,)))
+    mask = make(11, 13, seed=61) > 0
+    mask[3] = False
+    mask[7] = False
+    output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(
+        q.detach(), k.detach(), v.detach(), mask, False, None, True, ref.alpha_of(normalizer, alpha))
+    for t in (output, support_value, weights):
+        assert torch.equal(t[:, [3, 7]], torch.zeros_like(t[:, [3, 7]]))
+    assert torch.isinf(tau[:, [3, 7]]).all() and (tau[:, [3, 7]] > 0).all()
+    assert torch.isfinite(tau[:, [0, 1, 2, 4]]).all()
+    out, _ = sdpa(q, k, v, mask, normalizer=normalizer, alpha=alpha)
+    dq, = torch.autograd.grad(out.sum(), q)
+    assert torch.equal(dq[:, [3, 7]], torch.zeros_like(dq[:, [3, 7]]))
+    assert torch.isfinite(dq).all()
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_no_keys_at_all(normalizer, alpha):
+    q = make(2, 4, 3, seed=1).requires_grad_()
+    k, v = make(2, 0, 3, seed=2).requires_grad_(), make(2, 0, 5, seed=3).requires_grad_()
+    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    assert out.shape == (2, 4, 5) and torch.equal(out, torch.zeros_like(out))
+    assert w.shape == (2, 4, 0)
+    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
+    assert torch.equal(dq, torch.zeros_like(dq)) and dk.shape == (2, 0, 3) and dv.shape == (2, 0, 5)
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_causal_rows_beyond_and_before_the_keys(normalizer, alpha):
+    for len_q, len_k in ((9, 4), (4, 9), (70, 70), (3, 100)):
+        q, k, v = problem(70, torch.float64, batch=(2,), len_q=len_q, len_k=len_k)
+        out, w = sdpa(q, k, v, is_causal=True, need_weights=True, normalizer=normalizer, alpha=alpha)
+        ref_out, ref_w, _ = ref.attention(q, k, v, None, True, None, normalizer, alpha)
+        assert_close(out, ref_out, "output", torch.float64)
+        assert_close(w, ref_w, "weights", torch.float64)
+        hidden = ~torch.ones(len_q, len_k, dtype=torch.bool).tril()
+        assert torch.equal(w[:, hidden], torch.zeros_like(w[:, hidden]))
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_ties(normalizer, alpha):
+    # All scores equal: every normalizer gives the uniform distribution.
+    q = torch.zeros(3, 7, 4, dtype=torch.float64)
+    k, v = make(3, 10, 4, seed=80), make(3, 10, 2, seed=81)
+    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    torch.testing.assert_close(w, torch.full_like(w, 0.1), rtol=0, atol=1e-12)
+    torch.testing.assert_close(out, v.mean(-2, keepdim=True).expand(3, 7, 2), rtol=0, atol=1e-12)
+    # Two tied leaders far above the rest: half each.
+    scores_k = torch.zeros(1, 6, 1, dtype=torch.float64)
+    scores_k[0, 1] = scores_k[0, 4] = 50.0
+    q1 = torch.ones(1, 2, 1, dtype=torch.float64)
+    _, w = sdpa(q1, scores_k, make(1, 6, 3, seed=82), scale=1.0, need_weights=True,
+                normalizer=normalizer, alpha=alpha)
+    expected = torch.zeros(1, 2, 6, dtype=torch.float64)
+    expected[..., [1, 4]] = 0.5
+    assert torch.equal(w == 0, expected == 0)
+    torch.testing.assert_close(w, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_huge_and_tiny_logits(normalizer, alpha, dtype):
+    q, k, v = problem(90, dtype, batch=(2,), len_q=6, len_k=150)
+    # Huge: a one-hot row on the largest score, finite everywhere.
+    out, w = sdpa(q, k, v, scale=1e6, need_weights=True, normalizer=normalizer, alpha=alpha)
+    ref_out, ref_w, _ = ref.attention(q, k, v, None, False, 1e6, normalizer, alpha)
+    assert torch.equal(w, ref_w.to(dtype)) and ((w == 1).sum(-1) == 1).all()
+    assert_close(out, ref_out, "output, huge logits", dtype)
+    if dtype == torch.float64:
+        # The backward recomputes p from tau in the inputs' dtype: at logits of 1e6 float64
+        # resolves it (float32 does not, as it would not resolve a log-sum-exp).
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, _ = sdpa(*leaves, scale=1e6, normalizer=normalizer, alpha=alpha)
+        grads = torch.autograd.grad(out.sum(), leaves)
+        ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref_out, _, _ = ref.attention(*ref_leaves, None, False, 1e6, normalizer, alpha)
+        for got, want in zip(grads, torch.autograd.grad(ref_out.sum(), ref_leaves)):
+            assert_close(got, want, "gradient, huge logits", dtype, gradient=True)
+    # Scores near the float range: still finite, still one-hot.
+    big = torch.tensor([[[1e30], [-1e30], [3e29]]], dtype=dtype)
+    _, w = sdpa(torch.ones(1, 1, 1, dtype=dtype), big, big, scale=1.0, need_weights=True,
+                normalizer=normalizer, alpha=alpha)
+    assert torch.equal(w, torch.tensor([[[1.0, 0.0, 0.0]]], dtype=dtype))
+    # Tiny: every key in the support, close to uniform.
+    out, w = sdpa(q, k, v, scale=1e-9, need_weights=True, normalizer=normalizer, alpha=alpha)
+    ref_out, ref_w, _ = ref.attention(q, k, v, None, False, 1e-9, normalizer, alpha)
+    assert (w > 0).all()
+    assert_close(w, ref_w, "weights, tiny logits", dtype)
+    assert_close(out, ref_out, "output, tiny logits", dtype)
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_length_one(normalizer, alpha):
+    q, k, v = problem(100, torch.float64, batch=(3,), len_q=5, len_k=1)
+    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    assert torch.equal(w, torch.ones_like(w))
+    torch.testing.assert_close(out, v.expand(3, 5, v.shape[-1]))
+    q, k, v = problem(101, torch.float64, batch=(3,), len_q=1, len_k=9)
+    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    ref_out, ref_w, _ = ref.attention(q, k, v, None, False, None, normalizer, alpha)
+    assert_close(w, ref_w, "weights", torch.float64)
+    assert_close(out, ref_out, "output", torch.float64)
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_empty_batch(normalizer, alpha):
+    q = torch.randn(0, 3, 5, 4, requires_grad=True)
+    k = torch.randn(0, 3, 6, 4, requires_grad=True)
+    v = torch.randn(0, 3, 6, 2, requires_grad=True)
+    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    assert out.shape == (0, 3, 5, 2) and w.shape == (0, 3, 5, 6)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_nan_stays_in_its_row(normalizer, alpha):
+    q, k, v = problem(110, torch.float32, batch=(2,), len_q=4, len_k=70)
+    q[1, 2, 0] = math.nan
+    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    assert torch.isnan(out[1, 2]).all() and torch.isnan(w[1, 2]).all()
+    rest = torch.ones(2, 4, dtype=torch.bool)
+    rest[1, 2] = False
+    assert torch.isfinite(out[rest]).all() and torch.isfinite(w[rest]).all()
+
+
+# ---- the operators under torch ----------------------------------------------------------------
+
+def _op_args(mask_kind, causal, need_weights, alpha, requires_grad=False):
+    q, k, v = (t.float() for t in problem(120, torch.float64, batch=(2, 3), len_q=5, len_k=7))
+    mask = {None: None, "bool": make(5, 7, seed=121) > -0.5,
+            "float": make(1, 5, 7, seed=122, dtype=torch.float32)}[mask_kind]
+    if requires_grad:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        if mask_kind == "float":
+            mask.requires_grad_()
+    return q, k, v, mask, causal, None, need_weights, alpha
+
+
+OPCHECK_CASES = [(None, False, False, 2.0), ("bool", True, True, 1.5), ("float", False, True, 1.3),
+                 ("float", True, False, 2.0)]
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
+def test_opcheck_forward_and_backward_operators(case):
+    args = _op_args(*case)
+    torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_forward.default, args)
+    output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(*args)
+    backward_args = (torch.randn_like(output), *args[:6], output, tau, support_value, args[7])
+    torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_backward.default, backward_args)
+    if case[2]:
+        torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_backward.default,
+                              (*backward_args, weights))
+    if case[0] == "float":
+        torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_backward.default,
+                              (*backward_args, None, True))
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
+def test_opcheck_public_operator(case):
+    q, k, v, mask, causal, scale, need_weights, alpha = _op_args(*case, requires_grad=True)
+    normalizer = {2.0: "sparsemax", 1.5: "entmax15"}.get(alpha, "entmax")
+    torch.library.opcheck(torch.ops.attnlab.scaled_dot_product_attention.default,
+                          (q, k, v, mask, causal, scale, need_weights, normalizer,
+                           alpha if normalizer == "entmax" else None))
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    def block(x, w_qkv, mask):
+        q, k, v = (x @ w_qkv).chunk(3, dim=-1)
+        out, weights = attnlab.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                            need_weights=True,
+                                                            normalizer="entmax15")
+        out2, _ = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                       normalizer="entmax", alpha=1.25)
+        return torch.relu(out + out2).sum(-1), weights
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 9, 8, requires_grad=True)
+    w = torch.randn(8, 24, requires_grad=True)
+    mask = torch.rand(9, 9) > 0.2
+    compiled = torch.compile(block, fullgraph=True)
+    eager_out, eager_weights = block(x, w, mask)
+    out, weights = compiled(x, w, mask)
+    torch.testing.assert_close(out, eager_out)
+    torch.testing.assert_close(weights, eager_weights)
+    eager_grads = torch.autograd.grad(eager_out.sum(), (x, w))
+    grads = torch.autograd.grad(out.sum(), (x, w))
+    for got, want in zip(grads, eager_grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_cpp_api_schema():
+    schema = str(torch.ops.attnlab.scaled_dot_product_attention.default._schema)
+    assert 'str normalizer="softmax", float? alpha=None' in schema
+
+
+# ---- modules and the recorder ---------------------------------------------------------------
+
+def reference_mha(module, x, mask, normalizer, alpha):
+    """attnlab.nn.MultiheadAttention from its weights in plain torch ops, float64, with the
+    reference normalizer."""
+    B, L, _ = x.shape
+    H, hd = module.num_heads, module.head_dim
+    qkv = x.double() @ module.qkv_proj.weight.double().T + module.qkv_proj.bias.double()
+    qkv = qkv.reshape(B, L, H, 3 * hd).permute(0, 2, 1, 3)
+    q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
+    out, weights, _ = ref.attention(q, k, v, mask, False, None, normalizer, alpha)
+    values = out.permute(0, 2, 1, 3).reshape(B, L, H * hd)
+    return values @ module.o_proj.weight.double().T + module.o_proj.bias.double(), weights
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS[:3], ids=IDS[:3])
+def test_multihead_attention_module(normalizer, alpha):
+    torch.manual_seed(1)
+    module = attn_nn.MultiheadAttention(12, 16, 4, normalizer=normalizer, alpha=alpha)
+    x = torch.randn(3, 10, 12)
+    mask = torch.rand(10, 10) > 0.2
+    out, attention = module(x, mask=mask, return_attention=True)
+    ref_out, ref_attention = reference_mha(module, x, mask, normalizer, alpha)
+    assert_close(out, ref_out, "output", torch.float32)
+    assert_close(attention, ref_attention, "attention", torch.float32)
+    assert (attention == 0).any()
+
+
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS[:3], ids=IDS[:3])
+def test_encoder_block_falls_back_to_modules(normalizer, alpha):
+    torch.manual_seed(2)
+    for norm_first in (False, True):
+        block = attn_nn.EncoderBlock(16, 4, 32, norm_first=norm_first, normalizer=normalizer,
+                                     alpha=alpha).eval()
+        x = torch.randn(2, 7, 16, requires_grad=True)
+        assert not block._fusable(x, None)
+        y = block(x)
+        attn = lambda t: reference_mha(block.self_attn, t, None, normalizer, alpha)[0].float()  # noqa: E731
+        if norm_first:
+            h = x + attn(block.norm1(x))
+            expected = h + block.linear_net(block.norm2(h))
+        else:
+            h = block.norm1(x + attn(x))
+            expected = block.norm2(h + block.linear_net(h))
+        torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+        y.sum().backward()
+        assert torch.isfinite(x.grad).all()
+    encoder = attn_nn.TransformerEncoder(2, input_dim=16, num_heads=4, dim_feedforward=32,
+                                         normalizer=normalizer, alpha=alpha)
+    x = torch.randn(2, 7, 16)
+    maps = encoder.get_attention_maps(x)
+    assert len(maps) == 2
+    assert_close(maps[0], reference_mha(encoder.layers[0].self_attn, x, None, normalizer, alpha)[1],
+                 "first layer's map", torch.float32)
+    for m in maps:
+        assert (m >= 0).all()
+        torch.testing.assert_close(m.sum(-1), torch.ones(2, 4, 7))
+
+
+def test_modules_refuse_bad_normalizers_when_built():
+    with pytest.raises(ValueError, match=r"unknown normalizer 'sparsemaks'; expected one of"):
+        attn_nn.MultiheadAttention(8, 8, 2, normalizer="sparsemaks")
+    with pytest.raises(ValueError, match=r"normalizer='entmax' needs alpha"):
+        attn_nn.EncoderBlock(8, 2, 16, normalizer="entmax")
+    with pytest.raises(ValueError, match=r"alpha is only taken by normalizer='entmax'"):
+        attn_nn.TransformerEncoder(1, input_dim=8, num_heads=2, dim_feedforward=16,
+                                   normalizer="sparsemax", alpha=2.0)
+    with pytest.raises(ValueError, match=r"alpha must be a finite number > 1 .*got 0.5"):
+        attn_nn.MultiheadAttention(8, 8, 2, normalizer="entmax", alpha=0.5)
+    with pytest.raises(TypeError, match=r"normalizer must be a string"):
+        attn_nn.MultiheadAttention(8, 8, 2, normalizer=None)
+
+
+def test_recorder_keeps_sparse_weights_and_their_gradient():
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 6, 4, requires_grad=True) for _ in range(3))
+    with attnlab.interpret.record() as rec:
+        out, w = sdpa(q, k, v, need_weights=True, normalizer="sparsemax")
+        out2, none = sdpa(q, k, v, normalizer="entmax", alpha=1.4)
+    assert none is None
+    loss = (out * out).sum() + out2.sum()
+    loss.backward()
+    assert len(rec) == 2
+    _, ref_w, _ = ref.attention(q.detach(), k.detach(), v.detach(), normalizer="sparsemax")
+    assert_close(rec.weights[0], ref_w, "recorded weights", torch.float32)
+    assert torch.equal(rec.weights[0], w)
+    # ∂loss/∂weights = dO·Vᵀ: 2·out·vᵀ and 1·vᵀ.
+    torch.testing.assert_close(rec.grads[0], (2 * out.detach()) @ v.detach().transpose(-2, -1))
+    torch.testing.assert_close(rec.grads[1], torch.ones_like(out2) @ v.detach().transpose(-2, -1))
+    # The gradients of the inputs are those of the unrecorded call.
+    q2, k2, v2 = (t.detach().requires_grad_() for t in (q, k, v))
+    plain, _ = sdpa(q2, k2, v2, normalizer="sparsemax")
+    plain2, _ = sdpa(q2, k2, v2, normalizer="entmax", alpha=1.4)
+    ((plain * plain).sum() + plain2.sum()).backward()
+    for a, b in ((q, q2), (k, k2), (v, v2)):
+        torch.testing.assert_close(a.grad, b.grad)
+
+
+# ---- bad input ------------------------------------------------------------------------------
+
+BAD = {
+    "unknown normalizer": (dict(normalizer="sparsemaks"),
+                           r'unknown normalizer "sparsemaks"; expected one of "softmax", "sparsemax", "entmax15" or "entmax"'),
+    "alpha with softmax": (dict(alpha=1.5), r'alpha is only taken by normalizer="entmax".*got alpha=1.5 with normalizer="softmax"'),
+    "alpha with sparsemax": (dict(normalizer="sparsemax", alpha=2.0), r'alpha is only taken by normalizer="entmax"'),
+    "entmax without alpha": (dict(normalizer="entmax"), r'normalizer="entmax" needs alpha'),
+    "alpha of 1": (dict(normalizer="entmax", alpha=1.0), r"alpha must be a finite number > 1 .*got 1"),
+    "alpha below 1": (dict(normalizer="entmax", alpha=0.5), r"alpha must be a finite number > 1 .*got 0.5"),
+    "alpha NaN": (dict(normalizer="entmax", alpha=math.nan), r"alpha must be a finite number > 1 .*got nan"),
+    "alpha inf": (dict(normalizer="entmax", alpha=math.inf), r"alpha must be a finite number > 1 .*got inf"),
+    "half inputs": (dict(normalizer="sparsemax", dtype=torch.float16), r"must be float32 or float64, got Half"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_bad_input_names_the_argument(name):
+    overrides, message = BAD[name]
+    dtype = overrides.pop("dtype", torch.float32) if "dtype" in overrides else torch.float32
+    overrides = {key: val for key, val in overrides.items() if key != "dtype"}
+    q, k, v = (torch.randn(2, 4, 3, dtype=dtype) for _ in range(3))
+    with pytest.raises(RuntimeError, match=message) as info:
+        sdpa(q, k, v, **overrides)
+    assert "attnlab.scaled_dot_product_attention" in str(info.value)
+
+
+def test_bad_operator_arguments():
+    q, k, v = (torch.randn(2, 4, 3) for _ in range(3))
+    with pytest.raises(RuntimeError, match=r"alpha must be a finite number > 1 .*got 1"):
+        torch.ops.attnlab._sparse_sdpa_forward(q, k, v, None, False, None, False, 1.0)
+    output, tau, u, _ = torch.ops.attnlab._sparse_sdpa_forward(q, k, v, None, False, None, False, 2.0)
+    args = [torch.ones_like(output), q, k, v, None, False, None, output, tau, u, 2.0]
+    with pytest.raises(RuntimeError, match=r"backward: tau has shape \[2, 3\], expected \[2, 4\]"):
+        torch.ops.attnlab._sparse_sdpa_backward(*args[:8], tau[:, :3], *args[9:])
+    with pytest.raises(RuntimeError, match=r"backward: tau has dtype Double, expected Float"):
+        torch.ops.attnlab._sparse_sdpa_backward(*args[:8], tau.double(), *args[9:])
+    with pytest.raises(RuntimeError, match=r"backward: support_value has shape \[2, 4, 2\], expected \[2, 4, 3\]"):
+        torch.ops.attnlab._sparse_sdpa_backward(*args[:9], u[..., :2], *args[10:])
+    with pytest.raises(RuntimeError, match=r"backward: a boolean attn_mask has no gradient"):
+        torch.ops.attnlab._sparse_sdpa_backward(*args[:4], torch.ones(4, 4, dtype=torch.bool),
+                                                *args[5:], None, True)
+    with pytest.raises(RuntimeError, match=r"backward: weights has shape \[2, 4, 3\], expected \[2, 4, 4\]"):
+        torch.ops.attnlab._sparse_sdpa_backward(*args, torch.ones(2, 4, 3))
+
+
+# ---- the Hugging Face backend ---------------------------------------------------------------
+
+def test_transformers_backends_with_sparse_normalizers():
+    transformers = pytest.importorskip(
+        "transformers", reason="transformers is optional (pip install attnlab[hf])")
+    import attnlab.integrations.transformers as hf
+    from transformers import AttentionInterface, AutoModel, LlamaConfig
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    def reference_backend(normalizer, alpha):
+        def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                    is_causal=None, **kwargs):
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+            causal = attention_mask is None and query.shape[2] > 1
+            out, weights, _ = ref.attention(query, key, value, attention_mask, causal, scaling,
+                                            normalizer, alpha)
+            return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
+        return forward
+
+    config = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=48, max_position_embeddings=32,
+                  bos_token_id=0, eos_token_id=0, pad_token_id=0, initializer_range=0.3)
+    ids = torch.randint(1, 61, (2, 9), generator=torch.Generator().manual_seed(1))
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[1, :3] = 0  # left padding
+    for name, normalizer, alpha in (("attnlab_sparsemax", "sparsemax", None),
+                                    ("attnlab_entmax15", "entmax15", None),
+                                    ("attnlab_test_entmax13", "entmax", 1.3)):
+        if name not in hf.SPARSE_NAMES:
+            hf.register(name, normalizer, alpha)
+        AttentionInterface.register(f"{name}_reference", reference_backend(normalizer, alpha))
+        AttentionMaskInterface.register(f"{name}_reference", sdpa_mask)
+        torch.manual_seed(0)
+        ours = AutoModel.from_config(LlamaConfig(**config), attn_implementation=name).eval()
+        theirs = AutoModel.from_config(LlamaConfig(**config),
+                                       attn_implementation=f"{name}_reference").eval()
+        theirs.load_state_dict(ours.state_dict())
+        out = ours(input_ids=ids, attention_mask=padding, output_attentions=True)
+        expected = theirs(input_ids=ids, attention_mask=padding, output_attentions=True)
+        real = padding.bool()
+        torch.testing.assert_close(out.last_hidden_state[real],
+                                   expected.last_hidden_state[real], rtol=1e-5, atol=1e-5)
+        for got, want in zip(out.attentions, expected.attentions):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        if normalizer != "entmax":
+            assert any((a[real[:, None, :, None].expand_as(a)] == 0).any() for a in out.attentions)
+    with pytest.raises(ValueError, match=r"unknown normalizer 'softermax'"):
+        hf.register("attnlab_bad", "softermax")

@@ -243,7 +243,8 @@ def relative_error(result, expected):
 
 
 def assert_close(result, expected, tolerance, what):
-    assert result.shape == expected.shape, f"{what}: shape {tuple(result.shape)}, expected {tuple(expected.shape)}"
+    assert result.shape == expected.shape, (
+        f"{what}: shape {tuple(result.shape)}, expected {tuple(expected.shape)}")
     assert not torch.isnan(result).any(), f"{what}: NaN"
     error = relative_error(result, expected)
     assert error <= tolerance, f"{what}: relative error {error:.2e} > {tolerance:.1e}"
@@ -565,8 +566,8 @@ def test_masked_nonfinite_scores_stay_hidden(mask_kind, bad):
     allowed = torch.ones(6, 7, dtype=torch.bool)
     allowed[:4, 3] = False
     mask = allowed if mask_kind == "bool" else torch.zeros(6, 7).masked_fill(~allowed, -math.inf)
-    output, tau, _, weights = (t.cpu() for t in forward(*(on_cuda(t, torch.float32) for t in (q, k, v)),
-                                                        mask.cuda(), alpha=1.5))
+    inputs = [on_cuda(t, torch.float32) for t in (q, k, v)]
+    output, tau, _, weights = (t.cpu() for t in forward(*inputs, mask.cuda(), alpha=1.5))
     assert torch.isfinite(output[0, :4]).all() and torch.isfinite(weights[0, :4]).all()
     assert torch.isfinite(output[1]).all()
     clean = reference(q[:, :4], k, v, allowed[:4], alpha=1.5)
@@ -630,7 +631,8 @@ def test_matches_the_cpu_operator(case_id, dtype, alpha):
         ours, theirs = ours.cpu().double(), theirs.double()
         if name == "tau":
             assert torch.equal(ours[~finite], theirs[~finite])
-            ours, theirs = ours.masked_fill(~finite | ~rows, 0), theirs.masked_fill(~finite | ~rows, 0)
+            skip = ~finite | ~rows
+            ours, theirs = ours.masked_fill(skip, 0), theirs.masked_fill(skip, 0)
         else:
             ours, theirs = ours[rows], theirs[rows]
         assert_close(ours, theirs, t, f"{name} against the CPU operator")

@@ -27,6 +27,8 @@ import math
 import pytest
 import torch
 
+import attnlab  # registers torch.ops.attnlab
+
 requires_gpu = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="no CUDA device here: the sparse attention kernels are compiled and linked but cannot run")
@@ -656,6 +658,43 @@ def test_matches_the_cpu_operator(case_id, dtype, alpha):
         assert_close(mixed.cpu(), theirs.double(), t, f"grad of {name} from the CPU forward's tau")
 
 
+# ---- the public operator ----------------------------------------------------------------------
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("normalizer,alpha", [("sparsemax", None), ("entmax15", None),
+                                             ("entmax", 1.25), ("entmax", 3.0)])
+def test_public_operator_with_autograd(normalizer, alpha, dtype):
+    # attnlab.scaled_dot_product_attention(normalizer=...) on CUDA tensors, through autograd: the
+    # CUDA forward's tau and support value (float32) reach the CUDA backward; a learnable float
+    # mask gets its gradient in its own shape and dtype.
+    value_alpha = {"sparsemax": 2.0, "entmax15": 1.5}.get(normalizer, alpha)
+    q, k, v = make_inputs(21, (2, 3, 40, 32), (2, 3, 56, 32), (2, 3, 56, 24), dtype)
+    mask = torch.randn(40, 56, generator=torch.Generator().manual_seed(21)).float().double()
+    ref_inputs = [t.clone().requires_grad_() for t in (q, k, v, mask)]
+    ref = reference(*ref_inputs, alpha=value_alpha)
+    inputs = [on_cuda(t, dtype).requires_grad_() for t in (q, k, v)]
+    inputs.append(on_cuda(mask, torch.float32).requires_grad_())
+    output, weights = attnlab.scaled_dot_product_attention(
+        *inputs[:3], attn_mask=inputs[3], need_weights=True, normalizer=normalizer, alpha=alpha)
+    assert output.dtype == dtype and weights.dtype == dtype
+    rows = (ref["gap"] >= forward_gap(value_alpha)).expand(output.shape[:-1])
+    assert_close(output.detach().cpu()[rows], ref["output"].detach()[rows], tolerance(dtype),
+                 "output")
+    assert_close(weights.cpu()[rows], ref["weights"].detach()[rows], tolerance(dtype), "weights")
+    grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(22))
+    grad_output = grad_output.to(dtype).double()
+    grad_output[(ref["gap"] < gradient_gap(value_alpha)).expand(output.shape[:-1])] = 0
+    grads = torch.autograd.grad(output, inputs, on_cuda(grad_output, dtype))
+    ref_grads = torch.autograd.grad(ref["output"], ref_inputs, grad_output)
+    for name, grad, ref_grad in zip(["query", "key", "value", "attn_mask"], grads, ref_grads):
+        assert grad.shape == ref_grad.shape
+        assert grad.dtype == (torch.float32 if name == "attn_mask" else dtype)
+        assert_close(grad, ref_grad, FLOAT32_TOLERANCE if name == "attn_mask" else tolerance(dtype),
+                     f"grad of {name}")
+
+
 # ---- operator contract on CUDA ----------------------------------------------------------------
 
 
@@ -683,7 +722,7 @@ def test_opcheck_on_cuda(dtype, mask_kind, is_causal, need_weights, alpha):
 def test_bad_inputs_on_cuda():
     q = torch.randn(2, 4, 8, device="cuda")
     for alpha in (1.0, 0.5, -2.0, math.nan, math.inf):
-        with pytest.raises(RuntimeError, match=r"alpha must be a finite number greater than 1"):
+        with pytest.raises(RuntimeError, match=r"alpha must be a finite number > 1"):
             forward(q, q, q, alpha=alpha)
     with pytest.raises(RuntimeError, match=r"key is on cpu but query is on cuda"):
         forward(q, q.cpu(), q)
@@ -708,11 +747,15 @@ def test_bad_inputs_on_cuda():
         call(tau=tau[:, :3])
     with pytest.raises(RuntimeError, match=r"support_value has shape"):
         call(support_value=support_value[..., :5])
-    with pytest.raises(RuntimeError, match=r"tau is on cpu but query is on cuda"):
+    with pytest.raises(RuntimeError, match=r"tau is on cpu but output is on cuda"):
         call(tau=tau.cpu())
     with pytest.raises(RuntimeError, match=r"grad_output has dtype Half, expected Float"):
         call(grad_output=grad.half())
-    with pytest.raises(RuntimeError, match=r"alpha must be a finite number greater than 1"):
+    with pytest.raises(RuntimeError, match=r"output has dtype Half, expected Float"):
+        call(output=output.half())
+    with pytest.raises(RuntimeError, match=r"tau has dtype Long, expected Float"):
+        call(tau=tau.long())
+    with pytest.raises(RuntimeError, match=r"alpha must be a finite number > 1"):
         call(alpha=1.0)
     with pytest.raises(RuntimeError, match=r"a boolean attn_mask has no gradient"):
         torch.ops.attnlab._sparse_sdpa_backward(grad, q, q, q, torch.ones(4, 4, dtype=torch.bool,

@@ -9,9 +9,11 @@
 // move the support); output, weights and the gradients have the inputs' dtype, the mask's
 // gradient the mask's.
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -32,8 +34,9 @@ namespace {
 using at::Tensor;
 using attnlab::with_tail;
 
-constexpr const char* kForward = "attnlab._sparse_sdpa_forward";
-constexpr const char* kBackward = "attnlab._sparse_sdpa_backward";
+// The CPU operators' name in messages (ops/sparse_attention.cpp): the public entry point is
+// attnlab.scaled_dot_product_attention(..., normalizer=...).
+constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
 
 // Upper bound on the forward's score workspace (float32, kSparseRowsPerBlock·L_k per block in
 // flight); a larger problem runs in waves. ATTNLAB_SPARSE_WORKSPACE_BYTES overrides it (the
@@ -51,34 +54,35 @@ int64_t workspace_budget_bytes() {
   return bytes;
 }
 
-void check_alpha(const char* op, double alpha) {
-  TORCH_CHECK(std::isfinite(alpha) && alpha > 1.0, op,
-              ": alpha must be a finite number greater than 1 (2: sparsemax, 1.5: entmax-1.5), "
-              "got ", alpha);
+// The same check and message as the CPU operators (checks::sparse_alpha).
+void check_alpha(double alpha) {
+  TORCH_CHECK(std::isfinite(alpha) && alpha > 1, kSdpa,
+              ": alpha must be a finite number > 1 (2 is sparsemax, 1.5 entmax-1.5; alpha -> 1 "
+              "approaches softmax, normalizer=\"softmax\"), got ", alpha);
 }
 
-void check_head_sizes(const char* op, const Tensor& query, const Tensor& value) {
-  TORCH_CHECK_NOT_IMPLEMENTED(query.size(-1) <= kMaxHeadSize && value.size(-1) <= kMaxHeadSize,
-                              op, " on CUDA: query, key and value may have at most ",
-                              kMaxHeadSize, " features per head, got ", query.size(-1),
-                              " (query, key) and ", value.size(-1), " (value)");
+void check_head_sizes(const Tensor& query, const Tensor& value) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      query.size(-1) <= kMaxHeadSize && value.size(-1) <= kMaxHeadSize, kSdpa,
+      " on CUDA: query, key and value may have at most ", kMaxHeadSize,
+      " features per head, got ", query.size(-1), " (query, key) and ", value.size(-1),
+      " (value)");
 }
 
-// A tensor of the backward against the shape, dtype and device it must have.
+// A tensor of the backward against the shape, dtypes (the first named in the message) and
+// device (that of `other`, named other_name) it must have, with the CPU operators' messages
+// (checks::sparse_sdpa_backward_inputs).
 void check_saved(const Tensor& t, const char* name, at::IntArrayRef shape,
-                 std::optional<at::ScalarType> dtype, const Tensor& query) {
-  TORCH_CHECK(t.defined(), kBackward, ": ", name, " is an undefined tensor");
-  TORCH_CHECK(t.sizes() == shape, kBackward, ": ", name, " has shape ", t.sizes(), ", expected ",
-              shape);
-  TORCH_CHECK(t.device() == query.device(), kBackward, ": ", name, " is on ", t.device(),
-              " but query is on ", query.device());
-  if (dtype) {
-    TORCH_CHECK(t.scalar_type() == *dtype, kBackward, ": ", name, " has dtype ",
-                t.scalar_type(), ", expected ", *dtype);
-  } else {
-    TORCH_CHECK(t.is_floating_point(), kBackward, ": ", name,
-                " must be floating point, got ", t.scalar_type());
-  }
+                 std::initializer_list<at::ScalarType> dtypes, const Tensor& other,
+                 const char* other_name = "output") {
+  TORCH_CHECK(t.defined(), kSdpa, " backward: ", name, " is an undefined tensor");
+  TORCH_CHECK(t.sizes() == shape, kSdpa, " backward: ", name, " has shape ", t.sizes(),
+              ", expected ", shape);
+  TORCH_CHECK(std::find(dtypes.begin(), dtypes.end(), t.scalar_type()) != dtypes.end(), kSdpa,
+              " backward: ", name, " has dtype ", t.scalar_type(), ", expected ",
+              *dtypes.begin());
+  TORCH_CHECK(t.device() == other.device(), kSdpa, " backward: ", name, " is on ", t.device(),
+              " but ", other_name, " is on ", other.device());
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cuda(
@@ -86,8 +90,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cuda(
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     bool need_weights, double alpha) {
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
-  check_alpha(kForward, alpha);
-  check_head_sizes(kForward, query, value);
+  check_alpha(alpha);
+  check_head_sizes(query, value);
   const c10::cuda::CUDAGuard device_guard(query.device());
   const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
   const auto options = query.options();
@@ -131,24 +135,27 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cuda(
     const Tensor& output, const Tensor& tau, const Tensor& support_value, double alpha,
     const std::optional<Tensor>& weights, bool grad_mask) {
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
-  check_alpha(kBackward, alpha);
-  check_head_sizes(kBackward, query, value);
+  check_alpha(alpha);
+  check_head_sizes(query, value);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
   const auto out_shape = with_tail(batch_shape, {len_q, dim_v});
-  check_saved(grad_output, "grad_output", out_shape, query.scalar_type(), query);
-  check_saved(output, "output", out_shape, query.scalar_type(), query);
-  check_saved(tau, "tau", with_tail(batch_shape, {len_q}), std::nullopt, query);
-  check_saved(support_value, "support_value", out_shape, std::nullopt, query);
+  // The kernels read grad_output as the inputs' type (the CPU path fails in data_ptr<T>).
+  const auto dtype = query.scalar_type();
+  check_saved(output, "output", out_shape, {dtype}, query, "query");
+  check_saved(grad_output, "grad_output", out_shape, {dtype}, output);
+  // tau and support_value are float32 from the CUDA forward; the CPU forward's (output dtype)
+  // are taken too, converted.
+  check_saved(tau, "tau", with_tail(batch_shape, {len_q}), {at::kFloat, dtype}, output);
+  check_saved(support_value, "support_value", out_shape, {at::kFloat, dtype}, output);
   // The forward's weights are not read (the probabilities are recomputed from tau, which is
   // float32 where the weights may be rounded); when given they must still fit.
   if (weights && weights->defined() && weights->numel() > 0) {
-    check_saved(*weights, "weights", with_tail(batch_shape, {len_q, len_k}), query.scalar_type(),
-                query);
+    check_saved(*weights, "weights", with_tail(batch_shape, {len_q, len_k}), {dtype}, output);
   }
   const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
-  TORCH_CHECK(!mask_grad || attn_mask->is_floating_point(), kBackward,
-              ": a boolean attn_mask has no gradient");
+  TORCH_CHECK(!mask_grad || attn_mask->is_floating_point(), kSdpa,
+              " backward: a boolean attn_mask has no gradient");
   const c10::cuda::CUDAGuard device_guard(query.device());
 
   const auto options = query.options();

@@ -6,8 +6,10 @@
 // dtypes: float32, float16 and bfloat16 inputs, float32 arithmetic. tau and support_value are
 // always float32 on CUDA (for float16/bfloat16 inputs as the log-sum-exp of the softmax kernels:
 // the backward recomputes the probabilities from tau, and rounding it to half precision would
-// move the support); output, weights and the gradients have the inputs' dtype, the mask's
-// gradient the mask's.
+// move the support; U enters every gradient through delta = dO·U); output, weights and the
+// gradients have the inputs' dtype, the mask's gradient the mask's. The fake kernel
+// (attnlab/_ops.py) must say the same. The backward also takes a tau and support_value in the
+// output's dtype (the CPU forward's), converted to float32.
 
 #include <algorithm>
 #include <cmath>

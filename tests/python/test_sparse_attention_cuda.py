@@ -15,9 +15,15 @@ Tolerances, relative to the reference's largest entry (at least 1): float32 1e-5
 bfloat16 outputs, weights and gradients are float32 results rounded once, so one unit of the
 dtype's precision (torch.finfo(dtype).eps); tau, support_value and the mask's gradient stay
 float32 (1e-5). The sparse maps are not differentiable where a key sits exactly at the
-threshold (sparsemax's support jumps there): gradients are compared with the output's gradient
-set to zero on the few query rows that have a key within GAP of it, which removes those rows'
-contributions on both sides.
+threshold (sparsemax's support jumps there; for α > 2, s is unbounded near it): gradients are
+compared with the output's gradient set to zero on the query rows that have a key closer to the
+threshold than gradient_gap(α) (relative to |τ|), which removes those rows' contributions on
+both sides; forward values skip the rows within forward_gap(α) (sparsemax's support value
+jumps, and for α > 2 a float32 τ moves a near-threshold p by more than 1e-5).
+
+A GPU run needs the CPU operators and their fake kernels (the `sparse` change) merged: the
+tests compare with the CPU operator, call the public operator with normalizer=..., and opcheck
+the CUDA kernels against the fake ones.
 
 Without a GPU every test here skips, except the checks of the references themselves.
 """

@@ -12,8 +12,10 @@ default_sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/com
 sanitizer=${COMPUTE_SANITIZER:-$default_sanitizer}
 read -r -a tools <<<"${SANITIZER_TOOLS:-memcheck racecheck}"
 read -r -a extra <<<"${SANITIZER_ARGS:-}"
-# small_problems covers every kernel: generic (all head-size families) and tensor-core.
-subset=(tests/python/test_attention_cuda.py -p no:cacheprovider -v -rs
+# small_problems covers every kernel: generic (all head-size families), tensor-core and sparse
+# (sparsemax, entmax-1.5, general α).
+subset=(tests/python/test_attention_cuda.py tests/python/test_sparse_attention_cuda.py
+        -p no:cacheprovider -v -rs
         -k "small_problems or fully_masked or many_batch_dimensions")
 # Without the caching allocator every tensor is its own allocation, so memcheck sees
 # out-of-bounds accesses that would otherwise land inside a cached block.

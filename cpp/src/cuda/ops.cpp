@@ -15,6 +15,7 @@
 #include <cuda_fp16.h>
 #include <torch/library.h>
 
+#include "cuda/op_layout.h"
 #include "cuda/sdpa_kernels.h"
 #include "ops/checks.h"
 #include "ops/layout.h"
@@ -24,97 +25,6 @@ namespace {
 
 using at::Tensor;
 using attnlab::with_tail;
-
-constexpr int64_t kMaxHeadSize = 256;
-
-// Calls fn with std::type_identity<T> for the CUDA type T that stores `dtype`.
-template <typename Fn>
-void with_cuda_type(at::ScalarType dtype, Fn&& fn) {
-  switch (dtype) {
-    case at::kFloat: return fn(std::type_identity<float>{});
-    case at::kHalf: return fn(std::type_identity<__half>{});
-    case at::kBFloat16: return fn(std::type_identity<__nv_bfloat16>{});
-    default: TORCH_CHECK(false, "attnlab: no CUDA kernels for dtype ", dtype);
-  }
-}
-
-// Calls fn with std::integral_constant<int, kHead> for the smallest head-size family that holds
-// `head_size` features.
-template <typename Fn>
-void with_head_family(int64_t head_size, Fn&& fn) {
-  if (head_size <= 32) return fn(std::integral_constant<int, 32>{});
-  if (head_size <= 64) return fn(std::integral_constant<int, 64>{});
-  if (head_size <= 128) return fn(std::integral_constant<int, 128>{});
-  return fn(std::integral_constant<int, 256>{});
-}
-
-// The broadcast batch shape as the kernels index it. Size-1 dimensions are dropped; with more
-// than kMaxBatchDims left, every operand is reshaped (copied where it must be) to one flat
-// batch dimension.
-class BatchIndexer {
- public:
-  explicit BatchIndexer(at::IntArrayRef batch_shape)
-      : full_(batch_shape.begin(), batch_shape.end()), count_(c10::multiply_integers(full_)) {
-    for (size_t d = 0; d < full_.size(); ++d) {
-      if (full_[d] > 1) kept_.push_back(static_cast<int64_t>(d));
-    }
-    flatten_ = kept_.size() > static_cast<size_t>(kMaxBatchDims);
-    if (flatten_) kept_ = {0};
-    shape_.dims = static_cast<int>(kept_.size());
-    for (int d = 0; d < shape_.dims; ++d) shape_.sizes[d] = flatten_ ? count_ : full_[kept_[d]];
-  }
-
-  const BatchShape& shape() const { return shape_; }
-  int64_t count() const { return count_; }
-
-  // t's matrices [rows, cols] (t broadcasts to them) at every batch entry, in place unless
-  // flattening needs a copy; the tensor read is kept alive with the indexer.
-  MatrixOperand operand(const Tensor& t, int64_t rows, int64_t cols) {
-    Tensor e = t.expand(with_tail(full_, {rows, cols}));
-    if (flatten_) e = e.reshape({count_, rows, cols});
-    alive_.push_back(e);
-    MatrixOperand op;
-    op.data = e.const_data_ptr();
-    for (int d = 0; d < shape_.dims; ++d) op.batch_stride[d] = e.stride(kept_[d]);
-    op.row_stride = e.stride(-2);
-    op.col_stride = e.stride(-1);
-    return op;
-  }
-
- private:
-  std::vector<int64_t> full_, kept_;
-  int64_t count_;
-  bool flatten_ = false;
-  BatchShape shape_;
-  std::vector<Tensor> alive_;
-};
-
-// The problem description shared by the forward and the backward.
-SdpaProblem make_problem(BatchIndexer& batch, const Tensor& query, const Tensor& key,
-                         const Tensor& value, const std::optional<Tensor>& attn_mask,
-                         bool is_causal, std::optional<double> scale) {
-  SdpaProblem p;
-  p.batch = batch.count();
-  p.len_q = query.size(-2);
-  p.len_k = key.size(-2);
-  p.dim_qk = static_cast<int>(query.size(-1));
-  p.dim_v = static_cast<int>(value.size(-1));
-  p.shape = batch.shape();
-  p.query = batch.operand(query, p.len_q, p.dim_qk);
-  p.key = batch.operand(key, p.len_k, p.dim_qk);
-  p.value = batch.operand(value, p.len_k, p.dim_v);
-  p.causal = is_causal;
-  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(p.dim_qk)));
-  if (attn_mask && attn_mask->defined()) {
-    Tensor mask = *attn_mask;
-    while (mask.dim() < 2) mask = mask.unsqueeze(0);
-    // Float masks are read as float32 whatever the inputs' precision; boolean ones as they are.
-    p.mask_is_bool = mask.scalar_type() == at::kBool;
-    if (!p.mask_is_bool) mask = mask.to(at::kFloat);
-    p.mask = batch.operand(mask, p.len_q, p.len_k);
-  }
-  return p;
-}
 
 // The tensor-core forward's conditions (see sdpa_kernels.h); anything else takes the generic
 // kernels.

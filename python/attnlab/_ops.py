@@ -39,10 +39,10 @@ def _sparse_sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, ne
     batch = _batch_shape(query, key, value)
     len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
     output = query.new_empty((*batch, len_q, dim_v))
-    # tau, like the log-sum-exp, is float32 for half-precision inputs.
+    # tau and support_value, like the log-sum-exp, are float32 for half-precision inputs.
     tau_dtype = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
     tau = query.new_empty((*batch, len_q), dtype=tau_dtype)
-    support_value = query.new_empty((*batch, len_q, dim_v))
+    support_value = query.new_empty((*batch, len_q, dim_v), dtype=tau_dtype)
     weights = query.new_empty((*batch, len_q, len_k) if need_weights else (0,))
     return output, tau, support_value, weights
 

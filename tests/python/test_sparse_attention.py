@@ -515,7 +515,7 @@ BAD = {
     "alpha below 1": (dict(normalizer="entmax", alpha=0.5), r"alpha must be a finite number > 1 .*got 0.5"),
     "alpha NaN": (dict(normalizer="entmax", alpha=math.nan), r"alpha must be a finite number > 1 .*got nan"),
     "alpha inf": (dict(normalizer="entmax", alpha=math.inf), r"alpha must be a finite number > 1 .*got inf"),
-    "half inputs": (dict(normalizer="sparsemax", dtype=torch.float16), r"must be float32 or float64, got Half"),
+    "int8 inputs": (dict(normalizer="sparsemax", dtype=torch.int8), r"must be float32, float64, float16 or bfloat16 on the CPU, got Char"),
 }
 
 
@@ -524,7 +524,7 @@ def test_bad_input_names_the_argument(name):
     overrides, message = BAD[name]
     dtype = overrides.pop("dtype", torch.float32) if "dtype" in overrides else torch.float32
     overrides = {key: val for key, val in overrides.items() if key != "dtype"}
-    q, k, v = (torch.randn(2, 4, 3, dtype=dtype) for _ in range(3))
+    q, k, v = (torch.randn(2, 4, 3).to(dtype) for _ in range(3))
     with pytest.raises(RuntimeError, match=message) as info:
         sdpa(q, k, v, **overrides)
     assert "attnlab.scaled_dot_product_attention" in str(info.value)
@@ -598,3 +598,20 @@ def test_transformers_backends_with_sparse_normalizers():
             assert any((a[real[:, None, :, None].expand_as(a)] == 0).any() for a in out.attentions)
     with pytest.raises(ValueError, match=r"unknown normalizer 'softermax'"):
         hf.register("attnlab_bad", "softermax")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("normalizer", ["sparsemax", "entmax15"])
+def test_half_precision_on_the_cpu_computes_in_float32(normalizer, dtype):
+    # float16/bfloat16 inputs run through the float32 kernel: the result is the float32 one of the
+    # same rounded inputs, rounded once; the gradients arrive in the inputs' dtype.
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 9, 8, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    out, weights = sdpa(q, k, v, is_causal=True, need_weights=True, normalizer=normalizer)
+    wide = [t.detach().float() for t in (q, k, v)]
+    ref_out, ref_w = sdpa(*wide, is_causal=True, need_weights=True, normalizer=normalizer)
+    assert out.dtype == dtype and weights.dtype == dtype
+    assert torch.equal(out, ref_out.to(dtype)) and torch.equal(weights, ref_w.to(dtype))
+    assert ((weights == 0) == (ref_w == 0)).all()  # the same exact zeros
+    out.float().sum().backward()
+    assert q.grad.dtype == dtype and torch.isfinite(q.grad).all()

@@ -285,7 +285,7 @@ void sparse_sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor
                                  at::IntArrayRef batch_shape, int64_t len_q, int64_t len_k,
                                  int64_t dim_v) {
   // The rules of the softmax backward, with tau in the place of the log-sum-exp, and
-  // support_value shaped and typed like the output.
+  // support_value shaped like the output and typed like tau.
   std::vector<int64_t> row_shape(batch_shape.begin(), batch_shape.end());
   row_shape.push_back(len_q);
   auto out_shape = row_shape;
@@ -296,7 +296,7 @@ void sparse_sdpa_backward_inputs(const at::Tensor& grad_output, const at::Tensor
   for (const auto& [t, name, shape, type] :
        {std::tuple{&grad_output, "grad_output", &out_shape, dtype},
         std::tuple{&output, "output", &out_shape, dtype},
-        std::tuple{&support_value, "support_value", &out_shape, dtype},
+        std::tuple{&support_value, "support_value", &out_shape, tau_dtype},
         std::tuple{&tau, "tau", &row_shape, tau_dtype}}) {
     TORCH_CHECK(t->defined(), kSdpa, " backward: ", name, " is an undefined tensor");
     TORCH_CHECK(t->sizes() == at::IntArrayRef(*shape), kSdpa, " backward: ", name,

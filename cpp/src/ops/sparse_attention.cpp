@@ -101,6 +101,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
     bool need_weights, double alpha) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   checks::sparse_alpha(alpha);
+  if (at::isReducedFloatingType(query.scalar_type())) {
+    // float16 and bfloat16 run through the float32 kernel (tau and support_value stay float32,
+    // as on CUDA); only the output and the weights are rounded.
+    auto [output, tau, support_value, weights] =
+        sparse_forward_cpu(query.to(at::kFloat), key.to(at::kFloat), value.to(at::kFloat),
+                           attn_mask, is_causal, scale, need_weights, alpha);
+    return {output.to(query.scalar_type()), tau, support_value,
+            weights.to(query.scalar_type())};
+  }
   cpu_dtype(query);
   const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
   const auto options = query.options();
@@ -126,11 +135,22 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
     const std::optional<Tensor>& weights, bool grad_mask) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   checks::sparse_alpha(alpha);
-  cpu_dtype(query);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
   checks::sparse_sdpa_backward_inputs(grad_output, output, tau, support_value, weights, batch,
                                       len_q, len_k, dim_v);
+  if (at::isReducedFloatingType(query.scalar_type())) {
+    // As in the forward: float32 throughout, the gradients rounded at the end.
+    const auto wide = [](const Tensor& t) { return t.to(at::kFloat); };
+    std::optional<Tensor> weights32;
+    if (weights && weights->defined()) weights32 = wide(*weights);
+    auto [dq, dk, dv, dmask] = sparse_backward_cpu(
+        wide(grad_output), wide(query), wide(key), wide(value), attn_mask, is_causal, scale,
+        wide(output), tau, support_value, alpha, weights32, grad_mask);
+    const auto dtype = query.scalar_type();
+    const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
+    return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype)};
+  }
   // The forward's weights, when it kept them, replace recomputing the probabilities.
   const Tensor probs = weights && weights->numel() > 0 ? weights->contiguous() : Tensor();
   const auto options = query.options();

@@ -1,4 +1,4 @@
-"""attnlab's sparse attention (sparsemax, entmax-1.5, α-entmax) on the CPU against the entmax package.
+"""Sparse attention (sparsemax, entmax-1.5, α-entmax) on the CPU: attnlab against the entmax package.
 
 The entmax package (``pip install entmax``) is what people use for sparse attention in PyTorch:
 its ``sparsemax`` / ``entmax15`` / ``entmax_bisect`` applied to the scores ``q @ kᵀ · scale``,
@@ -132,8 +132,8 @@ def inputs(shape, seed=0):
 
 
 def check_agreement(normalizer, alpha, q, k, v, tolerance=1e-4):
-    """The fraction of nonzero weights of the entmax path at q, k, v; raises RuntimeError when its output
-    differs from attnlab's by more than tolerance (absolute)."""
+    """The fraction of nonzero weights of the entmax path at q, k, v; raises RuntimeError when
+    its output differs from attnlab's by more than tolerance (absolute)."""
     ours, _, package, _ = implementations(normalizer, alpha)
     with torch.no_grad():
         expected, weights = package(q, k, v, False)

@@ -204,6 +204,34 @@ def sparse_and_results(rows: Sequence[dict]) -> Figure:
     return fig
 
 
+def sample_complexity(sweep: dict) -> Figure:
+    """Validation accuracy against the number of training samples (log axis), mean ± std over
+    the seeds for each model, with each seed's first size at 100 % marked below the curve.
+    ``sweep`` as ``tasks.sparse_and.sample_complexity`` returns it."""
+    sizes = sweep["sizes"]
+    if not sweep["models"]:
+        raise ValueError("sample_complexity needs at least one model in the sweep")
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    colors = {"SAT": "tab:green", "MLP": "tab:gray"}
+    for offset, (name, model) in enumerate(sweep["models"].items()):
+        color = colors.get(name, f"C{offset}")
+        ax.errorbar(sizes, model["val_accuracy_mean"], yerr=model["val_accuracy_std"],
+                    marker="o", capsize=3, color=color,
+                    label=f"{name} ({model['parameters']:,} parameters)")
+        firsts = [run["first_size_at_100"] for run in model["seeds"]
+                  if run["first_size_at_100"] is not None]
+        ax.scatter(firsts, [0.985 - 0.012 * offset] * len(firsts), marker="|", s=200,
+                   color=color)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="dotted")
+    ax.set(xscale="log", xlabel="training samples", ylabel="validation accuracy",
+           title=f"s = {sweep['sparsity']} ({sweep['generator']} generator): mean ± std over "
+                 f"{len(sweep['seed_list'])} seeds; ticks: each seed's first size at 100 %")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
 def attention_graph(edges: torch.Tensor, targets: Sequence[Sequence[int]],
                     title: str | None = None) -> Figure:
     """One panel per rule: every input (the last is the rule token z) joined to the output by

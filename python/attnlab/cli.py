@@ -388,6 +388,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "to them, or none (default add)")
     permutation.add_argument("--autoregressive", action="store_true", default=None,
                              help="query i may attend to positions j <= i only")
+    permutation.add_argument("--readout-init", choices=("embedding", "random"),
+                             help="how the output layer starts: embedding (default; its rows "
+                             "are the digit embeddings, and every seed learns to look at "
+                             "p2[i]) or random (PyTorch's default, under which about half the "
+                             "seeds answer by looking at everything but p2[i])")
     text = add_experiment_parser(
         commands, "text", "train the sentiment classifier of the NYU self-attention notebook on an aclImdb folder",
         "2 epochs over reviews cut to 100 tokens")

@@ -263,9 +263,10 @@ def run_rule_and(args: argparse.Namespace) -> int:
                         "device": str(args.device), "build": build_info()})
     for seed, run in zip(seeds, runs):
         name = "attention_graph" if seed == seeds[0] else f"attention_graph_seed{seed}"
-        plot.attention_graph(run["edges"], run["generator"].targets,
-                             title=f"rule task, seed {seed}: Σⱼ attention[i, j]·readout[j], "
-                                   f"positive fresh samples") \
+        plot.attention_graph(run["edges"], run["generator"].targets, centre=True,
+                             title=f"rule task, seed {seed}: Σⱼ attention[i, j]·readout[j] on "
+                                   f"positive fresh samples\n(widths: departure from the "
+                                   f"row's median)") \
             .savefig(out / f"{name}.png", dpi=120)
     print(sparse_and.format_rule_seeds(summary))
     print(f"{sum(run['seconds'] for run in runs):.1f} s of training; results and plots in "

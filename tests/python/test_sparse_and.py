@@ -190,10 +190,13 @@ def test_attention_graph_is_the_tutorials_weights_times_readout():
         sa.attention_graph(model, bits[bits[:, -1] == 0], labels[bits[:, -1] == 0])
 
 
-def test_targets_lead_compares_the_largest_absolute_weights():
-    edges = torch.tensor([[0.1, -3.0, 0.2, 2.0, 9.0],    # rule 0: largest among inputs 1, 3
-                          [0.1, 0.2, 0.3, 0.4, -9.0]])   # rule 1: 2, 3 (the rule token excluded)
-    assert sa.targets_lead(edges, (torch.tensor([1, 3]), torch.tensor([0, 2]))) == [True, False]
+def test_targets_lead_when_they_stand_out_from_the_rows_level():
+    edges = torch.tensor([[-1.0, -1.5, -1.0, -1.4, -1.0, -9.0],  # 1 and 3 stand out below -1
+                          [2.5, 2.6, 0.5, 2.4, 1.0, 9.0]])      # 2 and 4 below 2.5 (not 0, 1)
+    # The rule token (last) is never a candidate, however far it stands out.
+    assert sa.standing_out(edges, 2) == [[1, 3], [2, 4]]
+    assert sa.targets_lead(edges, (torch.tensor([1, 3]), torch.tensor([0, 1]))) == [True, False]
+    assert sa.targets_lead(edges, (torch.tensor([3, 1]), torch.tensor([4, 2]))) == [True, True]
 
 
 def test_rule_task_learns_and_draws_its_graph_on_fresh_samples():
@@ -267,6 +270,11 @@ def test_last_token_attention_and_results_figures():
 def test_attention_graph_figure_has_one_panel_per_rule_with_an_edge_per_input():
     fig = plot.attention_graph(torch.randn(2, 11), (torch.tensor([0, 1]), torch.tensor([2, 3])))
     assert len(fig.axes) == 2 and all(len(ax.lines) == 11 for ax in fig.axes)
+    edges = torch.tensor([[-1.0, -3.0, -1.0, -1.0, -1.0]])  # input 1 stands out below -1
+    centred = plot.attention_graph(edges, [[1]], centre=True).axes[0].lines
+    assert [line.get_linewidth() for line in centred][:4] == [0.3, 6.3, 0.3, 0.3]
+    plain = plot.attention_graph(edges, [[1]]).axes[0].lines
+    assert plain[0].get_linewidth() == pytest.approx(0.3 + 6 / 3)
 
 
 # ---- command line ----

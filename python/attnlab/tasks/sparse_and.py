@@ -508,15 +508,21 @@ def attention_graph(model: SAT, bits: torch.Tensor, labels: torch.Tensor) -> tor
     return torch.stack(rows)
 
 
+def standing_out(edges: torch.Tensor, count: int) -> list[list[int]]:
+    """For each row of the graph, the ``count`` inputs (among the T − 1, not the rule token)
+    whose values stand out most from the row's median: every edge of a row shares a common
+    level (the readout's mean weight), which can be large and of either sign, so what the
+    graph shows is the departure from it."""
+    inputs = edges[:, :-1]
+    departure = (inputs - inputs.median(dim=1, keepdim=True).values).abs()
+    return [sorted(row.topk(count).indices.tolist()) for row in departure]
+
+
 def targets_lead(edges: torch.Tensor, targets) -> list[bool]:
-    """For each rule r: do its targets carry the largest values of its row of the graph among
-    the T − 1 inputs (the rule token itself is not a candidate)? Each row is compared by
-    absolute value, so a graph whose sign is flipped as a whole (a negative readout) counts."""
-    found = []
-    for rule, rule_targets in enumerate(targets):
-        top = edges[rule, :-1].abs().topk(len(rule_targets)).indices
-        found.append(set(top.tolist()) == set(rule_targets.tolist()))
-    return found
+    """For each rule r: are its targets the inputs that stand out most in its row of the graph
+    (``standing_out``)?"""
+    return [set(shown) == set(rule_targets.tolist())
+            for shown, rule_targets in zip(standing_out(edges, len(targets[0])), targets)]
 
 
 def run_rule_task(config: RuleAndConfig, seed: int = 0, progress: bool = False,
@@ -605,21 +611,26 @@ def table_summary(table: dict) -> dict:
 
 
 def rule_summary(run: dict, config: RuleAndConfig, seed: int) -> dict:
-    """What results.json keeps of one rule-task run."""
+    """What results.json keeps of one rule-task run: metrics, targets, the graph, the inputs
+    standing out in each rule's row and whether they are the rule's targets."""
+    targets = [t.tolist() for t in run["generator"].targets]
     return {"config": asdict(config), "seed": seed, "val": run["val"], "train": run["train"],
-            "seconds": run["seconds"],
-            "targets": [t.tolist() for t in run["generator"].targets],
-            "edges": run["edges"].tolist(), "targets_lead": run["targets_lead"]}
+            "seconds": run["seconds"], "targets": targets, "edges": run["edges"].tolist(),
+            "standing_out": standing_out(run["edges"], len(targets[0])),
+            "targets_lead": run["targets_lead"]}
 
 
 def format_rule_seeds(summary: dict) -> str:
     """``rule_seeds_summary`` as text: one line per seed, then the counts."""
     lines = []
     for run in summary["runs"]:
-        recovered = ", ".join(f"rule {rule} {'yes' if lead else 'no'}"
-                              for rule, lead in enumerate(run["targets_lead"]))
+        rules = []
+        for rule, (shown, lead) in enumerate(zip(run["standing_out"], run["targets_lead"])):
+            whose = ("its own targets" if lead else "rule {}'s targets".format(1 - rule)
+                     if sorted(shown) == sorted(run["targets"][1 - rule]) else "no rule's targets")
+            rules.append(f"rule {rule} row highlights {shown} ({whose})")
         lines.append(f"seed {run['seed']}: val. accuracy {run['val']['accuracy']:.3f}; targets "
-                     f"{run['targets']}; recovered: {recovered}")
+                     f"{run['targets']}; " + "; ".join(rules))
     seeds = len(summary["runs"])
     lines.append(f"val. accuracy {summary['val_accuracy_mean']:.3f} ± "
                  f"{summary['val_accuracy_std']:.3f} over {seeds} seeds; targets recovered: "
@@ -633,10 +644,10 @@ def format_rule_summary(summary: dict) -> str:
     lines = [f"SAT on the rule task (T = {summary['config']['seq_len']}, s = "
              f"{summary['config']['sparsity']}): val. accuracy {summary['val']['accuracy']:.3f}, "
              f"val. loss {summary['val']['loss']:.3f}"]
-    for rule, (targets, edges, lead) in enumerate(zip(summary["targets"], summary["edges"],
+    for rule, (targets, shown, lead) in enumerate(zip(summary["targets"],
+                                                      summary["standing_out"],
                                                       summary["targets_lead"])):
-        top = sorted(range(len(edges) - 1), key=lambda i: -abs(edges[i]))[:len(targets)]
-        lines.append(f"rule {rule}: targets {targets}, largest |weights| at {sorted(top)} -> "
+        lines.append(f"rule {rule}: targets {targets}, standing out at {shown} -> "
                      f"{'targets recovered' if lead else 'NOT recovered'}")
     return "\n".join(lines)
 

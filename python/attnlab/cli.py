@@ -399,6 +399,11 @@ def build_parser() -> argparse.ArgumentParser:
         "2 epochs over reviews cut to 100 tokens")
     text.add_argument("--data", help="the aclImdb folder (train|test / pos|neg / *.txt); IMDB "
                       "cannot be downloaded here, so this option is needed")
+    text.add_argument("--recipe", choices=("improved", "nyu"),
+                      help="improved (default): learned positions, dropout 0.1, padding masked, "
+                      "cosine warm-up and clipping; nyu: the notebook's own, frozen sinusoid "
+                      "positions, no dropout, no padding mask, length-bucketed batches, AdamW at "
+                      "a constant rate")
     sparse_and = commands.add_parser(
         "sparse-and", help="the sparse-AND table of the Neuromatch attention tutorial: a 65-parameter self-attention "
         "model and an MLP, s = 2 and 4, mean ± std over seeds")

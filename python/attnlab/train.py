@@ -40,16 +40,23 @@ from tqdm import tqdm  # the text bar: tqdm.auto warns in kernels without ipywid
 from .nn import CosineWarmupScheduler
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
 class TrainConfig:
+    """How ``fit`` trains: epochs, the optimizer's learning rate, the schedule ("cosine": linear
+    warm-up over ``warmup`` steps, then a cosine decay to 0 at the last step; "constant": the
+    learning rate throughout, ``warmup`` unused), gradient-norm clipping (None: none), the seed
+    and the optimizer."""
+
     epochs: int = 10
     lr: float = 5e-4
     warmup: int = 50
-    grad_clip: float = 5.0
+    grad_clip: float | None = 5.0
     seed: int = 0
     optimizer: str = "adam"  # or "adamw" (torch's default weight decay, 0.01)
+    schedule: str = "cosine"
 
     def __post_init__(self):
         for name in ("epochs", "warmup", "seed"):
@@ -59,12 +66,15 @@ class TrainConfig:
             raise ValueError(f"epochs must be at least 1, got {self.epochs}")
         # `not x > 0` also refuses NaN, which every comparison lets through.
         if not (math.isfinite(self.lr) and self.lr > 0) or self.warmup < 1 \
-                or not self.grad_clip > 0:
+                or (self.grad_clip is not None and not self.grad_clip > 0):
             raise ValueError(f"lr (finite), warmup and grad_clip must be positive, got "
                              f"{self.lr}, {self.warmup}, {self.grad_clip}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                              f"{self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got "
+                             f"{self.schedule!r}")
 
 
 @dataclass
@@ -358,7 +368,8 @@ def _read_resume_state(checkpoint: Path, task: Task, config: TrainConfig,
     if not checkpoint.exists():
         return None
     state = load_checkpoint(checkpoint, task.name)
-    if state["train_config"] != dataclasses.asdict(config):
+    # Checkpoints from before the schedule option were all written with the cosine one.
+    if {"schedule": "cosine", **state["train_config"]} != dataclasses.asdict(config):
         raise CheckpointError(f"{checkpoint} was written with another configuration "
                               f"({state['train_config']}); use another --out folder")
     written_by = state.get("world_size", 1)  # checkpoints from before torchrun: one process
@@ -408,7 +419,9 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
     # loaded state is moved there by load_state_dict).
     optimizer = OPTIMIZERS[config.optimizer](model.parameters(), lr=lr)
     max_iters = config.epochs * steps
-    scheduler = CosineWarmupScheduler(optimizer, warmup=warmup, max_iters=max_iters)
+    scheduler = (CosineWarmupScheduler(optimizer, warmup=warmup, max_iters=max_iters)
+                 if config.schedule == "cosine" else
+                 torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
     generator = torch.Generator().manual_seed(config.seed)  # the data's: the same everywhere
     history, start_epoch, seconds = [], 0, 0.0
     best = None  # with task.select_best: {"epoch", "value", "model" (a CPU state dict)}
@@ -453,7 +466,8 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
                                          f"{loss.item()}); lower the learning rate")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())

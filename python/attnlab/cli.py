@@ -47,14 +47,96 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def run_experiment(args: argparse.Namespace) -> int:
     """Trains one experiment on ``args.device``, prints its metrics, writes results.json and
-    PNG plots. Under torchrun every process trains its share and process 0 alone prints and
-    writes."""
+    PNG plots; with ``--seeds``, once per seed (in ``OUT/seed-N``) and then ``OUT/summary.json``
+    with the mean ± std over the seeds. Under torchrun every process trains its share and
+    process 0 alone prints and writes."""
     from .train import process_group
     with process_group(args.device) as (rank, world_size):
-        return _run_experiment(args, rank, world_size)
+        if args.seeds is None:
+            _run_experiment(args, rank, world_size)
+            return 0
+        seeds = seed_list(args.seeds, args.seed)
+        base = None if args.out is None else Path(args.out)
+        summaries = []
+        for seed in seeds:
+            one = argparse.Namespace(**{**vars(args), "seed": seed, "seeds": None,
+                                        "out": None if base is None else str(base / f"seed-{seed}")})
+            summaries.append(_run_experiment(one, rank, world_size, subfolder=f"seed-{seed}"))
+        if rank != 0:
+            return 0
+        out = base or Path(summaries[0]["out"]).parent
+        summary = seed_summary(summaries)
+        write_json(out / "summary.json", summary)
+        print(format_seed_summary(summary))
+        print(f"per-seed results in {out}/seed-*/, the summary in {out / 'summary.json'}")
+    return 0
 
 
-def _run_experiment(args: argparse.Namespace, rank: int, world_size: int) -> int:
+def seed_list(seeds: str, first: int) -> list[int]:
+    """The seeds ``--seeds`` asks for: a count N (N seeds from ``first``, the ``--seed``) or a
+    comma-separated list of seeds ("0,1,2,3,4"). Raises ValueError naming the option."""
+    text = str(seeds).strip()
+    try:
+        if "," in text:
+            chosen = [int(part) for part in text.split(",") if part.strip()]
+        else:
+            count = int(text)
+            if count < 1:
+                raise ValueError
+            chosen = list(range(first, first + count))
+    except ValueError:
+        raise ValueError(f"--seeds must be a count N >= 1 (N seeds from --seed) or a comma-"
+                         f"separated list of seeds such as 0,1,2,3,4, got {seeds!r}") from None
+    if not chosen or len(set(chosen)) != len(chosen) or min(chosen) < 0:
+        raise ValueError(f"--seeds must list distinct seeds >= 0, got {seeds!r}")
+    return chosen
+
+
+def _mean_std(values: list[float]) -> dict:
+    import statistics
+    return {"mean": statistics.fmean(values),
+            "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "min": min(values), "max": max(values), "values": values}
+
+
+def seed_summary(summaries: list[dict]) -> dict:
+    """What summary.json holds for the runs of one experiment over several seeds: the seeds,
+    each run's folder and metrics, and for every split and metric the mean, the sample standard
+    deviation (n − 1), the minimum, the maximum and the per-seed values."""
+    first = summaries[0]
+    splits = [split for split in ("train", "val", "test") if split in first]
+    metrics = {split: {name: _mean_std([run[split][name] for run in summaries])
+                       for name in first[split]} for split in splits}
+    per_seed = [{"seed": run["config"]["train"]["seed"], "out": run["out"],
+                 **{split: run[split] for split in splits}, "seconds": run["seconds"],
+                 **({"selected_epoch": run["selected_epoch"]} if "selected_epoch" in run else {})}
+                for run in summaries]
+    summary = {"experiment": first["experiment"], "fast": first["fast"],
+               "seeds": [run["seed"] for run in per_seed], "metrics": metrics,
+               "seconds": _mean_std([run["seconds"] for run in summaries]),
+               "runs": per_seed, "config": first["config"], "build": first["build"]}
+    if "selected_by" in first:
+        summary["selected_by"] = first["selected_by"]
+    return summary
+
+
+def format_seed_summary(summary: dict) -> str:
+    """One line per split: each metric's mean ± std over the seeds (accuracies in %)."""
+    def value(name, stats):
+        if name == "accuracy" or name.startswith("argmax"):
+            return f"{name} {100 * stats['mean']:.2f} ± {100 * stats['std']:.2f} %"
+        return f"{name} {stats['mean']:.4f} ± {stats['std']:.4f}"
+    seeds = summary["seeds"]
+    lines = [f"{summary['experiment']}: {len(seeds)} seeds ({', '.join(map(str, seeds))}), "
+             f"mean ± std (sample standard deviation)"]
+    for split, metrics in summary["metrics"].items():
+        lines.append(f"  {split}: " + ", ".join(value(name, stats)
+                                                for name, stats in metrics.items()))
+    return "\n".join(lines)
+
+
+def _run_experiment(args: argparse.Namespace, rank: int, world_size: int,
+                    subfolder: str | None = None) -> dict | None:
     from . import plot  # matplotlib and the experiments load only for the commands using them
     from .tasks import TASKS
     from .train import fit
@@ -70,11 +152,12 @@ def _run_experiment(args: argparse.Namespace, rank: int, world_size: int) -> int
     # Experiments with options of their own apply them and may name their runs by them.
     config = getattr(module, "apply_options", lambda config, args: config)(config, args)
     run_name = getattr(module, "run_name", lambda config: args.command)(config)
-    out = Path(args.out or f"runs/{run_name}{'-fast' if args.fast else ''}")
+    default_out = Path(f"runs/{run_name}{'-fast' if args.fast else ''}")
+    out = Path(args.out) if args.out else default_out / (subfolder or "")
     task = module.make_task(config, device=args.device)
     result = fit(task, config.train, out_dir=out, progress=not args.quiet, device=args.device)
     if rank != 0:
-        return 0
+        return None
 
     maps, tokens = module.attention_example(task)
     plot.attention_grid(maps, tokens, title=f"{args.command}: attention of a test example") \
@@ -85,30 +168,37 @@ def _run_experiment(args: argparse.Namespace, rank: int, world_size: int) -> int
     for name, figure in getattr(module, "extra_figures", lambda task: {})(task).items():
         figure.savefig(out / f"{name}.png", dpi=120)
     splits = [split for split in ("test", "val", "train") if split in result]
-    summary = {"experiment": args.command, "fast": args.fast, "config": dataclasses.asdict(config),
+    summary = {"experiment": args.command, "fast": args.fast, "seed": args.seed, "out": str(out),
+               "config": dataclasses.asdict(config),
                **{split: result[split] for split in splits}, "seconds": result["seconds"],
                **{key: result[key] for key in ("device", "world_size", "steps_per_epoch", "lr",
-                                               "warmup_steps")},
+                                               "warmup_steps", "selected_epoch", "selected_by")
+                  if key in result},
                "history": result["history"], "build": build_info()}
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "results.json")
+    write_json(out / "results.json", summary)
 
     def describe(split):
         return ", ".join(f"{split} {k} {100 * v:.2f} %" if k == "accuracy" else f"{split} {k} {v:.4f}"
                          for k, v in result[split].items())
     where = result["device"] + (f", {world_size} processes" if world_size > 1 else "")
-    print(f"{args.command}: {', '.join(map(describe, splits))}; {result['seconds']:.1f} s of "
-          f"training ({where}); results and plots in {out}/")
-    return 0
+    chosen = (f" (weights of epoch {result['selected_epoch']}, the {result['selected_by']})"
+              if "selected_epoch" in result else "")
+    print(f"{args.command} seed {args.seed}: {', '.join(map(describe, splits))}{chosen}; "
+          f"{result['seconds']:.1f} s of training ({where}); results and plots in {out}/")
+    return summary
+
+
+def write_json(path: Path, content: dict) -> None:
+    """A JSON file, written atomically (a temporary file renamed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(content, indent=2))
+    tmp.replace(path)
 
 
 def write_results(out: Path, summary: dict) -> None:
-    """results.json, written atomically."""
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "results.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2))
-    tmp.replace(out / "results.json")
+    """results.json in the folder ``out``, written atomically."""
+    write_json(out / "results.json", summary)
 
 
 def refuse_several_processes(command: str) -> None:
@@ -120,13 +210,30 @@ def refuse_several_processes(command: str) -> None:
 
 
 def run_sparse_and(args: argparse.Namespace) -> int:
-    """The sparse-AND table of the Neuromatch attention tutorial over several seeds, with its plots."""
+    """The sparse-AND table of the Neuromatch attention tutorial over several seeds, with its
+    plots; with ``--sample-complexity`` its Exercise 3.4 instead."""
+    from . import plot
     from .tasks import sparse_and
     refuse_several_processes("sparse-and")
     make_config = sparse_and.fast_config if args.fast else sparse_and.default_config
-    config = make_config() if args.seeds is None else make_config(args.seeds)
-    out = Path(args.out or f"runs/sparse-and{'-fast' if args.fast else ''}")
-    table = sparse_and.results_table(config, first_seed=args.seed, progress=not args.quiet,
+    seeds = seed_list(args.seeds or ("2" if args.fast else "5"), args.seed)
+    config = make_config(len(seeds), generator=args.generator)
+    suffix = ("-plain" if args.generator == "plain" else "") + ("-fast" if args.fast else "")
+    if args.sample_complexity:
+        out = Path(args.out or f"runs/sample-complexity{suffix}")
+        sizes = ([int(size) for size in args.sizes.split(",") if size.strip()] if args.sizes
+                 else [25, 50, 100, 200] if args.fast else list(sparse_and.SWEEP_SIZES))
+        sweep = sparse_and.sample_complexity(config, sizes=sizes, seeds=seeds,
+                                             sparsity=args.sparsity, progress=not args.quiet,
+                                             device=args.device)
+        write_results(out, {"experiment": "sparse-and --sample-complexity", "fast": args.fast,
+                            **sweep, "device": str(args.device), "build": build_info()})
+        plot.sample_complexity(sweep).savefig(out / "sample_complexity.png", dpi=120)
+        print(sparse_and.format_sample_complexity(sweep))
+        print(f"results and plot in {out}/")
+        return 0
+    out = Path(args.out or f"runs/sparse-and{suffix}")
+    table = sparse_and.results_table(config, seeds=seeds, progress=not args.quiet,
                                      keep_runs=True, device=args.device)
     write_results(out, {"experiment": "sparse-and", "fast": args.fast,
                         **sparse_and.table_summary(table), "device": str(args.device),
@@ -134,29 +241,36 @@ def run_sparse_and(args: argparse.Namespace) -> int:
     for name, figure in sparse_and.table_figures(table).items():
         figure.savefig(out / f"{name}.png", dpi=120)
     seconds = sum(row["seconds"] for row in table["rows"])
-    print(sparse_and.format_table(table["rows"]))
-    print(f"{config.seeds} seeds from {args.seed}; {seconds:.1f} s of training; results and "
-          f"plots in {out}/")
+    print(sparse_and.format_table(table["rows"], config.generator))
+    print(f"mean ± std over seeds {', '.join(map(str, seeds))}; {seconds:.1f} s of training; "
+          f"results and plots in {out}/")
     return 0
 
 
 def run_rule_and(args: argparse.Namespace) -> int:
-    """The SAT on the Neuromatch tutorial's rule task: its attention graph and target recovery."""
+    """The SAT on the Neuromatch tutorial's rule task over seeds: its attention graph (the
+    tutorial's quantity, on fresh samples) and whether each rule's targets are recovered."""
     from . import plot
     from .tasks import sparse_and
     refuse_several_processes("rule-and")
     config = sparse_and.rule_fast_config() if args.fast else sparse_and.rule_default_config()
+    seeds = seed_list(args.seeds or "1", args.seed)
     out = Path(args.out or f"runs/rule-and{'-fast' if args.fast else ''}")
-    run = sparse_and.run_rule_task(config, seed=args.seed, progress=not args.quiet,
-                                   device=args.device)
-    summary = sparse_and.rule_summary(run, config, args.seed)
+    runs = [sparse_and.run_rule_task(config, seed=seed, progress=not args.quiet,
+                                     device=args.device) for seed in seeds]
+    summary = sparse_and.rule_seeds_summary(runs, config, seeds)
     write_results(out, {"experiment": "rule-and", "fast": args.fast, **summary,
                         "device": str(args.device), "build": build_info()})
-    plot.attention_graph(run["edges"], run["generator"].targets,
-                         title="rule task: readout weight × attention output, positive samples") \
-        .savefig(out / "attention_graph.png", dpi=120)
-    print(sparse_and.format_rule_summary(summary))
-    print(f"{run['seconds']:.1f} s of training; results and plots in {out}/")
+    for seed, run in zip(seeds, runs):
+        name = "attention_graph" if seed == seeds[0] else f"attention_graph_seed{seed}"
+        plot.attention_graph(run["edges"], run["generator"].targets, centre=True,
+                             title=f"rule task, seed {seed}: Σⱼ attention[i, j]·readout[j] on "
+                                   f"positive fresh samples\n(widths: departure from the "
+                                   f"row's median)") \
+            .savefig(out / f"{name}.png", dpi=120)
+    print(sparse_and.format_rule_seeds(summary))
+    print(f"{sum(run['seconds'] for run in runs):.1f} s of training; results and plots in "
+          f"{out}/")
     return 0
 
 
@@ -197,6 +311,9 @@ def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
     parser.add_argument("--out", help=f"folder for results.json, plots and the checkpoint "
                         f"(default runs/{name}[-fast]); an existing checkpoint there is resumed")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--seeds", help="train once per seed: a count N (N seeds from --seed) or "
+                        "a list such as 0,1,2,3,4; each run in OUT/seed-N, then OUT/summary.json "
+                        "with the mean ± std of every metric")
     parser.add_argument("--epochs", type=int, help="number of epochs (default: the config's)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     add_device_option(parser)
@@ -272,25 +389,53 @@ def build_parser() -> argparse.ArgumentParser:
                              "to them, or none (default add)")
     permutation.add_argument("--autoregressive", action="store_true", default=None,
                              help="query i may attend to positions j <= i only")
+    permutation.add_argument("--readout-init", choices=("embedding", "random"),
+                             help="how the output layer starts: embedding (default; its rows "
+                             "are the digit embeddings, and every seed learns to look at "
+                             "p2[i]) or random (PyTorch's default, under which about half the "
+                             "seeds answer by looking at everything but p2[i])")
     text = add_experiment_parser(
         commands, "text", "train the sentiment classifier of the NYU self-attention notebook on an aclImdb folder",
         "2 epochs over reviews cut to 100 tokens")
     text.add_argument("--data", help="the aclImdb folder (train|test / pos|neg / *.txt); IMDB "
                       "cannot be downloaded here, so this option is needed")
+    text.add_argument("--recipe", choices=("improved", "nyu"),
+                      help="improved (default): learned positions, dropout 0.1, padding masked, "
+                      "cosine warm-up and clipping; nyu: the notebook's own, frozen sinusoid "
+                      "positions, no dropout, no padding mask, length-bucketed batches, AdamW at "
+                      "a constant rate")
     sparse_and = commands.add_parser(
         "sparse-and", help="the sparse-AND table of the Neuromatch attention tutorial: a 65-parameter self-attention "
         "model and an MLP, s = 2 and 4, mean ± std over seeds")
-    sparse_and.add_argument("--seeds", type=int, help="seeds per row (default 5, --fast 2)")
+    sparse_and.add_argument("--generator", choices=("rule-token", "plain"), default="rule-token",
+                            help="rule-token (default): the generator all four of the "
+                            "tutorial's runs use, 16 bits and a rule bit, keeping its last draw "
+                            "when s = 4 cannot meet the label window; plain: the s-sparse AND of "
+                            "the tutorial's prose, a separate table the tutorial has no figure for")
+    sparse_and.add_argument("--sample-complexity", action="store_true",
+                            help="the tutorial's Exercise 3.4 instead of the table: validation "
+                            "accuracy against training samples for the SAT and the MLP, and the "
+                            "size at which each first reaches 100 %% (per seed, mean ± std)")
+    sparse_and.add_argument("--sizes", help="--sample-complexity: training-set sizes, increasing, "
+                            "comma-separated (default 25,50,100,200,400,800,1600,3200; --fast "
+                            "25,50,100,200)")
+    sparse_and.add_argument("--sparsity", type=int, default=2,
+                            help="--sample-complexity: s (default 2)")
     rule_and = commands.add_parser(
-        "rule-and", help="the SAT on the sparse AND with a rule token (Neuromatch attention tutorial) and its "
-        "attention graph")
-    for parser_, handler, fast_help in (
-            (sparse_and, run_sparse_and, "fewer epochs and 2 seeds (under a minute)"),
-            (rule_and, run_rule_and, "half the epochs")):
+        "rule-and", help="the SAT on the sparse AND with a rule token (Neuromatch attention "
+        "tutorial): the tutorial's attention graph and whether each rule's targets are "
+        "recovered, over seeds")
+    for parser_, handler, fast_help, seeds_help in (
+            (sparse_and, run_sparse_and, "fewer epochs and 2 seeds (under a minute)",
+             "seeds per row: a count N (N seeds from --seed) or a list such as 0,1,2,3,4 "
+             "(default 5, --fast 2)"),
+            (rule_and, run_rule_and, "half the epochs",
+             "a count N (N seeds from --seed) or a list such as 0,1,2,3,4 (default 1)")):
         parser_.add_argument("--fast", action="store_true", help=fast_help)
         parser_.add_argument("--out", help="folder for results.json and the plots")
         parser_.add_argument("--seed", type=int, default=0,
                              help="random seed (default 0; the first of --seeds)")
+        parser_.add_argument("--seeds", help=seeds_help)
         parser_.add_argument("--quiet", action="store_true", help="no progress bars")
         add_device_option(parser_)
         parser_.set_defaults(handler=handler)
@@ -331,8 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--length and --dim must be at least 1")
     if getattr(args, "epochs", None) is not None and args.epochs < 1:
         parser.error("--epochs must be at least 1")
-    if getattr(args, "seeds", None) is not None and args.seeds < 1:
-        parser.error("--seeds must be at least 1")
+    if getattr(args, "seeds", None) is not None:
+        try:
+            seed_list(args.seeds, args.seed)
+        except ValueError as error:
+            parser.error(str(error))
     from .tasks.sparse_and import GeneratorError
     from .train import CheckpointError, resolve_device
     if hasattr(args, "device"):

@@ -204,21 +204,52 @@ def sparse_and_results(rows: Sequence[dict]) -> Figure:
     return fig
 
 
+def sample_complexity(sweep: dict) -> Figure:
+    """Validation accuracy against the number of training samples (log axis), mean ± std over
+    the seeds for each model, with each seed's first size at 100 % marked below the curve.
+    ``sweep`` as ``tasks.sparse_and.sample_complexity`` returns it."""
+    sizes = sweep["sizes"]
+    if not sweep["models"]:
+        raise ValueError("sample_complexity needs at least one model in the sweep")
+    fig = Figure(figsize=(7, 4), layout="constrained")
+    ax = fig.subplots()
+    colors = {"SAT": "tab:green", "MLP": "tab:gray"}
+    for offset, (name, model) in enumerate(sweep["models"].items()):
+        color = colors.get(name, f"C{offset}")
+        ax.errorbar(sizes, model["val_accuracy_mean"], yerr=model["val_accuracy_std"],
+                    marker="o", capsize=3, color=color,
+                    label=f"{name} ({model['parameters']:,} parameters)")
+        firsts = [run["first_size_at_100"] for run in model["seeds"]
+                  if run["first_size_at_100"] is not None]
+        ax.scatter(firsts, [0.985 - 0.012 * offset] * len(firsts), marker="|", s=200,
+                   color=color)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="dotted")
+    ax.set(xscale="log", xlabel="training samples", ylabel="validation accuracy",
+           title=f"s = {sweep['sparsity']} ({sweep['generator']} generator): mean ± std over "
+                 f"{len(sweep['seed_list'])} seeds; ticks: each seed's first size at 100 %")
+    ax.title.set_fontsize(9)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
 def attention_graph(edges: torch.Tensor, targets: Sequence[Sequence[int]],
-                    title: str | None = None) -> Figure:
+                    title: str | None = None, centre: bool = False) -> Figure:
     """One panel per rule: every input (the last is the rule token z) joined to the output by
     an edge whose width is its |weight| (orange positive, blue negative); the rule's own
-    targets are marked in red. edges [rules, T]."""
+    targets are marked in red. edges [rules, T]. With ``centre`` the widths and colours show
+    each edge's departure from the median of its row's inputs (the labels keep the values),
+    which brings out the inputs that stand out when all edges share a large common level."""
     edges = edges.detach().cpu()
     rules, length = edges.shape
+    drawn = edges - edges[:, :-1].median(dim=1, keepdim=True).values if centre else edges
     fig = Figure(figsize=(4 * rules, 0.38 * length + 1.2), layout="constrained")
-    largest = float(edges.abs().max()) or 1.0
+    largest = float(drawn.abs().max()) or 1.0
     for rule, ax in enumerate(fig.subplots(1, rules, squeeze=False)[0]):
         rule_targets = {int(t) for t in targets[rule]}
         output_y = (length - 1) / 2
-        for i, weight in enumerate(edges[rule].tolist()):
-            ax.plot([0, 1], [i, output_y], color="tab:orange" if weight > 0 else "tab:blue",
-                    linewidth=0.3 + 6 * abs(weight) / largest, alpha=0.8)
+        for i, (weight, width) in enumerate(zip(edges[rule].tolist(), drawn[rule].tolist())):
+            ax.plot([0, 1], [i, output_y], color="tab:orange" if width > 0 else "tab:blue",
+                    linewidth=0.3 + 6 * abs(width) / largest, alpha=0.8)
             name = "z" if i == length - 1 else f"x{i}"
             ax.text(-0.05, i, f"{name}  {weight:+.2f}", ha="right", va="center", fontsize=8,
                     color="tab:red" if i in rule_targets else "black",

@@ -40,16 +40,23 @@ from tqdm import tqdm  # the text bar: tqdm.auto warns in kernels without ipywid
 from .nn import CosineWarmupScheduler
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
+SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
 class TrainConfig:
+    """How ``fit`` trains: epochs, the optimizer's learning rate, the schedule ("cosine": linear
+    warm-up over ``warmup`` steps, then a cosine decay to 0 at the last step; "constant": the
+    learning rate throughout, ``warmup`` unused), gradient-norm clipping (None: none), the seed
+    and the optimizer."""
+
     epochs: int = 10
     lr: float = 5e-4
     warmup: int = 50
-    grad_clip: float = 5.0
+    grad_clip: float | None = 5.0
     seed: int = 0
     optimizer: str = "adam"  # or "adamw" (torch's default weight decay, 0.01)
+    schedule: str = "cosine"
 
     def __post_init__(self):
         for name in ("epochs", "warmup", "seed"):
@@ -59,12 +66,15 @@ class TrainConfig:
             raise ValueError(f"epochs must be at least 1, got {self.epochs}")
         # `not x > 0` also refuses NaN, which every comparison lets through.
         if not (math.isfinite(self.lr) and self.lr > 0) or self.warmup < 1 \
-                or not self.grad_clip > 0:
+                or (self.grad_clip is not None and not self.grad_clip > 0):
             raise ValueError(f"lr (finite), warmup and grad_clip must be positive, got "
                              f"{self.lr}, {self.warmup}, {self.grad_clip}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got "
                              f"{self.optimizer!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got "
+                             f"{self.schedule!r}")
 
 
 @dataclass
@@ -82,7 +92,13 @@ class Task:
     ``evaluate_sums(model, split, rank, world_size)``, when given, evaluates only the rows
     ``rank::world_size`` of the split and returns each metric as (numerator, denominator), so
     that processes training together can each evaluate a share and add them up; without it
-    every process evaluates the whole split."""
+    every process evaluates the whole split.
+
+    ``select_best``, when given, names a validation metric (a key of what ``evaluate`` returns,
+    larger is better): the final splits are then measured on the weights of the epoch with its
+    best value (the first such epoch on a tie), which ``fit`` reloads at the end, as Lightning's
+    ``ModelCheckpoint(monitor=..., mode="max")`` followed by loading the best checkpoint does.
+    Without it they are measured on the last epoch's weights."""
 
     name: str
     model: nn.Module
@@ -95,6 +111,7 @@ class Task:
     final_splits: tuple[str, ...] = ("val", "test")
     evaluate_sums: Callable[[nn.Module, str, int, int], dict[str, tuple[float, float]]] | None \
         = None
+    select_best: str | None = None
 
 
 class CheckpointError(RuntimeError):
@@ -351,7 +368,8 @@ def _read_resume_state(checkpoint: Path, task: Task, config: TrainConfig,
     if not checkpoint.exists():
         return None
     state = load_checkpoint(checkpoint, task.name)
-    if state["train_config"] != dataclasses.asdict(config):
+    # Checkpoints from before the schedule option were all written with the cosine one.
+    if {"schedule": "cosine", **state["train_config"]} != dataclasses.asdict(config):
         raise CheckpointError(f"{checkpoint} was written with another configuration "
                               f"({state['train_config']}); use another --out folder")
     written_by = state.get("world_size", 1)  # checkpoints from before torchrun: one process
@@ -370,7 +388,9 @@ def fit(task: Task, config: TrainConfig, out_dir: str | os.PathLike | None = Non
     CUDA model goes to the GPU of the local rank); returns {"history": [...per epoch...],
     "seconds": ..., "device": ..., "world_size": ..., "steps_per_epoch", "lr" and
     "warmup_steps" (the ones used: they depend on the world size), and one metric dict per
-    split of ``task.final_splits``}. With ``out_dir``, writes ``checkpoint.pt`` after every epoch and
+    split of ``task.final_splits``}; with ``task.select_best`` also "selected_epoch" (from 1)
+    and "selected_by", the final splits being measured on that epoch's weights, which the model
+    is left with. With ``out_dir``, writes ``checkpoint.pt`` after every epoch and
     resumes from it when it exists (also when it was written on another device).
 
     Under torchrun it trains with DistributedDataParallel as the module docstring describes;
@@ -399,9 +419,12 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
     # loaded state is moved there by load_state_dict).
     optimizer = OPTIMIZERS[config.optimizer](model.parameters(), lr=lr)
     max_iters = config.epochs * steps
-    scheduler = CosineWarmupScheduler(optimizer, warmup=warmup, max_iters=max_iters)
+    scheduler = (CosineWarmupScheduler(optimizer, warmup=warmup, max_iters=max_iters)
+                 if config.schedule == "cosine" else
+                 torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0))
     generator = torch.Generator().manual_seed(config.seed)  # the data's: the same everywhere
     history, start_epoch, seconds = [], 0, 0.0
+    best = None  # with task.select_best: {"epoch", "value", "model" (a CPU state dict)}
 
     checkpoint = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
     if checkpoint is not None:
@@ -414,6 +437,7 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
             generator.set_state(state["generator"])
             _set_rng_state(state["rank_rng"][rank] if size > 1 else state["rng"], device)
             history, start_epoch, seconds = state["history"], state["epoch"], state["seconds"]
+            best = state.get("best")
 
     trained = model
     if size > 1:
@@ -442,7 +466,8 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
                                          f"{loss.item()}); lower the learning rate")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            if config.grad_clip is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
             optimizer.step()
             scheduler.step()
             losses.append(loss.item())
@@ -465,6 +490,15 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
             if totals[3]:
                 epoch_record["train_accuracy"] = totals[2] / totals[3]
         history.append({**epoch_record, **val})
+        if task.select_best is not None:
+            if task.select_best not in val:
+                raise KeyError(f"{task.name}: select_best names the validation metric "
+                               f"{task.select_best!r}, but evaluate returns only "
+                               f"{', '.join(sorted(val))}")
+            if best is None or val[task.select_best] > best["value"]:
+                best = {"epoch": epoch + 1, "value": val[task.select_best],
+                        "model": {name: tensor.detach().to("cpu", copy=True)
+                                  for name, tensor in model.state_dict().items()}}
         if progress:
             tqdm.write(f"{task.name} epoch {epoch + 1}: train loss {history[-1]['train_loss']:.4f}"
                        + "".join(f", val {k} {v:.4f}" for k, v in val.items()))
@@ -473,7 +507,8 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
             state = {"task": task.name, "epoch": epoch + 1, "model": model.state_dict(),
                      "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                      "generator": generator.get_state(), "rng": rng, "history": history,
-                     "seconds": seconds, "train_config": dataclasses.asdict(config)}
+                     "seconds": seconds, "train_config": dataclasses.asdict(config),
+                     "best": best}
             if size > 1:  # every process's own random state, for a bitwise resume
                 rank_rng = [None] * size
                 torch.distributed.all_gather_object(rank_rng, rng)
@@ -483,6 +518,11 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
                 save_atomically(state, checkpoint)
             if size > 1:  # once any process is past epoch e, its checkpoint is on disk
                 torch.distributed.barrier()
+    selected = {}
+    if best is not None:  # the final splits are measured on the best validation epoch's weights
+        model.load_state_dict(best["model"])
+        selected = {"selected_epoch": best["epoch"],
+                    "selected_by": f"best validation {task.select_best}"}
     return {"history": history, "seconds": seconds, "device": str(device), "world_size": size,
-            "steps_per_epoch": steps, "lr": lr, "warmup_steps": warmup,
+            "steps_per_epoch": steps, "lr": lr, "warmup_steps": warmup, **selected,
             **{split: _evaluate(task, model, split, device) for split in task.final_splits}}

@@ -20,6 +20,11 @@ def test_anomaly_fast_reaches_94_percent(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["test"]["accuracy"] >= 0.94
+    # The figures are those of the best validation epoch's weights, as the tutorial's are.
+    validation = [epoch["accuracy"] for epoch in summary["history"]]
+    assert summary["selected_by"] == "best validation accuracy"
+    assert summary["selected_epoch"] == validation.index(max(validation)) + 1
+    assert summary["val"]["accuracy"] == validation[summary["selected_epoch"] - 1]
     for name in ("attention.png", "training.png", "sets.png", "mistakes.png"):
         assert (tmp_path / name).stat().st_size > 0
 

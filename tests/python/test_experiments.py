@@ -24,6 +24,9 @@ def test_reverse_fast_reaches_99_percent_and_writes_results(tmp_path):
     summary = json.loads((tmp_path / "results.json").read_text())
     assert summary["test"]["accuracy"] >= 0.99
     assert summary["config"]["train"]["epochs"] == 6 and len(summary["history"]) == 6
+    validation = [epoch["accuracy"] for epoch in summary["history"]]
+    assert summary["selected_epoch"] == validation.index(max(validation)) + 1
+    assert summary["val"]["accuracy"] == validation[summary["selected_epoch"] - 1]
     for name in ("attention.png", "training.png", "checkpoint.pt"):
         assert (tmp_path / name).stat().st_size > 0
     assert "test accuracy" in result.stdout
@@ -88,3 +91,77 @@ def test_config_validation():
     with pytest.raises(ValueError, match="train_size \\(100\\) must hold at least one batch"):
         reverse.ReverseConfig(train_size=100)
     assert dataclasses.asdict(reverse.default_config())["train"]["epochs"] == 10
+
+
+def peaked_task(select_best="accuracy"):
+    """One weight w that every step raises by about the learning rate (Adam on loss = -w);
+    validation accuracy 1 - (w - 0.2)², highest after the second of three steps; the "test"
+    split reports w itself, so it tells which weights were measured."""
+    model = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+
+    def evaluate(model, split):
+        w = model.weight.item()
+        return {"accuracy": 1 - (w - 0.2) ** 2} if split == "val" else {"accuracy": w}
+
+    from attnlab.train import Task
+    return Task(name="peaked", model=model, batches_per_epoch=1,
+                train_batches=lambda epoch, generator: iter([(torch.ones(1, 1), None)]),
+                loss=lambda output, target: -output.sum(), evaluate=evaluate,
+                select_best=select_best)
+
+
+def test_final_splits_are_measured_on_the_best_validation_epoch(tmp_path):
+    config = TrainConfig(epochs=3, lr=0.1, warmup=1, schedule="constant", grad_clip=None)
+    result = fit(peaked_task(), config, out_dir=tmp_path, progress=False)
+    assert [round(epoch["accuracy"], 6) for epoch in result["history"]] == [0.99, 1.0, 0.99]
+    assert result["selected_epoch"] == 2 and result["selected_by"] == "best validation accuracy"
+    assert result["test"]["accuracy"] == pytest.approx(0.2, abs=1e-6)  # w after step 2, not 3
+    assert result["val"]["accuracy"] == result["history"][1]["accuracy"]
+    # A finished run read back from its checkpoint gives the same, best, figures.
+    again = fit(peaked_task(), config, out_dir=tmp_path, progress=False)
+    assert again["test"] == result["test"] and again["selected_epoch"] == 2
+    # Without select_best: the last epoch's weights.
+    last = fit(peaked_task(select_best=None), config, progress=False)
+    assert last["test"]["accuracy"] == pytest.approx(0.3, abs=1e-6)
+    assert "selected_epoch" not in last
+    with pytest.raises(KeyError, match="select_best names the validation metric 'loss'"):
+        fit(peaked_task(select_best="loss"), config, progress=False)
+
+
+def test_best_epoch_survives_an_interruption(tmp_path):
+    config = small_config(seed=6, epochs=3)
+    uninterrupted = fit(reverse.make_task(config), config.train, out_dir=tmp_path / "a",
+                        progress=False)
+    task = interrupt_during(reverse.make_task(config), epoch=2, batch=2)
+    with pytest.raises(KeyboardInterrupt):
+        fit(task, config.train, out_dir=tmp_path / "b", progress=False)
+    resumed = fit(reverse.make_task(config), config.train, out_dir=tmp_path / "b", progress=False)
+    assert resumed["selected_epoch"] == uninterrupted["selected_epoch"]
+    assert resumed["test"] == uninterrupted["test"]
+
+
+def test_cli_seeds_writes_each_run_and_a_summary(tmp_path):
+    result = run_cli("reverse", "--fast", "--epochs", "1", "--seeds", "3,5", "--quiet",
+                     "--out", str(tmp_path), one_thread=True)
+    assert result.returncode == 0, result.stderr
+    runs = [json.loads((tmp_path / f"seed-{seed}" / "results.json").read_text())
+            for seed in (3, 5)]
+    assert [run["config"]["train"]["seed"] for run in runs] == [3, 5]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["seeds"] == [3, 5] and len(summary["runs"]) == 2
+    values = [run["test"]["accuracy"] for run in runs]
+    stats = summary["metrics"]["test"]["accuracy"]
+    assert stats["values"] == values and stats["mean"] == pytest.approx(sum(values) / 2)
+    assert stats["std"] == pytest.approx(abs(values[0] - values[1]) / 2 ** 0.5)
+    assert "2 seeds (3, 5)" in result.stdout and "test: accuracy" in result.stdout
+
+
+def test_seed_list_reads_a_count_or_a_list():
+    from attnlab.cli import seed_list
+    assert seed_list("3", 2) == [2, 3, 4]
+    assert seed_list("0,1,2,3,4", 9) == [0, 1, 2, 3, 4]
+    assert seed_list("7,", 0) == [7]
+    for bad in ("0", "x", "1,1", "-1,2", ""):
+        with pytest.raises(ValueError, match="--seeds must"):
+            seed_list(bad, 0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnlab.data import DataError, load_imdb
+from attnlab.nn import sinusoidal_table
 from attnlab.tasks import text
 from attnlab.train import TrainConfig, fit
 
@@ -152,3 +153,73 @@ def test_cli_fast_run_on_the_demo_corpus(demo_corpus, tmp_path):
     assert summary["config"]["data"] == str(demo_corpus) and len(summary["history"]) == 2
     for name in ("attention.png", "training.png", "checkpoint.pt"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+# ---- the NYU notebook's own recipe ----
+
+def test_nyu_recipe_settings():
+    config = text.TextConfig(recipe="nyu")
+    assert config.dropout == 0.0
+    assert config.train.schedule == "constant" and config.train.grad_clip is None
+    assert config.train.optimizer == "adamw" and config.train.lr == 1e-3
+    assert text.default_config(recipe="nyu").recipe == "nyu"
+    improved = text.TextConfig()
+    assert improved.dropout == 0.1 and improved.train.schedule == "cosine"
+    with pytest.raises(ValueError, match="recipe must be one of improved, nyu, got 'uva'"):
+        text.TextConfig(recipe="uva")
+    with pytest.raises(ValueError, match="schedule must be one of cosine, constant"):
+        TrainConfig(schedule="linear")
+
+
+def test_nyu_model_attends_to_and_pools_over_padding_with_frozen_sinusoids():
+    torch.manual_seed(0)
+    model = text.TextClassifier(vocab_size=20, d_model=8, num_heads=2, ff_dim=16,
+                                max_positions=50, dropout=0.0, freeze_positions=True,
+                                mask_padding=False).eval()
+    assert not model.position_embedding.weight.requires_grad
+    torch.testing.assert_close(model.position_embedding.weight, sinusoidal_table(50, 8))
+    ids = torch.tensor([[5, 6, 7, 8], [9, 3, 1, 1]])
+    maps = model.get_attention_maps(ids)
+    assert (maps[0][1, :, :, 2:] > 0).all(), "no padding mask: padding is attended to"
+    padded = torch.cat([ids, torch.ones(2, 3, dtype=torch.long)], 1)
+    assert not torch.allclose(model(padded)[1], model(ids)[1])  # more padding, other output
+    # The max-pool runs over every position, padding included (computed here from the layers).
+    x = model.embedding_norm(model.token_embedding(ids) + model.position_embedding.weight[:4])
+    for layer in model.layers:
+        x, _ = layer(x, None)
+    torch.testing.assert_close(model(ids), model.classifier(x.amax(1)))
+
+
+def test_bucketed_batches_cover_every_row_once_sorted_within_batches():
+    lengths = torch.randint(1, 200, (1000,), generator=torch.Generator().manual_seed(0))
+    batches = text.bucketed_batches(lengths, 16, torch.Generator().manual_seed(1), pool_batches=5)
+    rows = torch.cat(batches)
+    assert sorted(rows.tolist()) == list(range(1000))
+    assert all(len(b) == 16 for b in batches[:-1] if len(b) != 1000 % 16)
+    assert all(bool((lengths[b].diff() >= 0).all()) for b in batches)  # one pool's sorted run
+    spread = torch.stack([lengths[b].float().std() for b in batches if len(b) > 1]).mean()
+    assert spread < lengths.float().std() / 3  # similar lengths share a batch
+    again = text.bucketed_batches(lengths, 16, torch.Generator().manual_seed(1), pool_batches=5)
+    assert all(torch.equal(a, b) for a, b in zip(batches, again))
+
+
+def test_nyu_recipe_learns_the_demo_corpus_and_keeps_its_positions(demo_corpus, tmp_path,
+                                                                   one_thread):
+    config = dataclasses.replace(small_config(demo_corpus), recipe="nyu")
+    task = text.make_task(config)
+    before = task.model.position_embedding.weight.clone()
+    result = fit(task, config.train, out_dir=tmp_path, progress=False)
+    assert result["test"]["accuracy"] >= 0.9, result
+    assert torch.equal(task.model.position_embedding.weight, before)
+    assert not any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in task.model.modules())
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert state["scheduler"]["_last_lr"] == [config.train.lr]  # constant to the end
+
+
+def test_cli_nyu_recipe(demo_corpus, tmp_path):
+    result = run_cli_one_thread("text", "--fast", "--epochs", "1", "--recipe", "nyu", "--quiet",
+                                "--data", str(demo_corpus), "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["config"]["recipe"] == "nyu" and summary["config"]["dropout"] == 0.0
+    assert summary["config"]["train"]["schedule"] == "constant"

@@ -155,6 +155,7 @@ def make_task(config: AnomalyConfig, progress: bool = True,
     return Task(name="anomaly", model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
                 final_splits=("train", "val", "test"), evaluate_sums=evaluate_sums,
+                select_best="accuracy",  # the tutorial tests its best-validation checkpoint
                 examples={"test_sets": fixed["test"], "test_features": pools["test"][0],
                           "test_labels": pools["test"][1], "classes": features["classes"],
                           "config": config})

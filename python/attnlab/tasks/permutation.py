@@ -19,9 +19,14 @@ from ..train import Task, TrainConfig, model_device
 
 ATTENTION_KINDS = ("additive", "multiplicative", "scaled")
 POSITION_MODES = ("add", "concat", "none")
+READOUT_INITS = ("embedding", "random")
 
 
-def check_choices(attention: str, position: str) -> None:
+def check_choices(attention: str, position: str, readout_init: str = "embedding") -> None:
+    """Raises ValueError naming the argument when a choice is not one of its kind's."""
+    if readout_init not in READOUT_INITS:
+        raise ValueError(f"readout_init must be one of {', '.join(READOUT_INITS)}, got "
+                         f"{readout_init!r}")
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got "
                          f"{attention!r}")
@@ -44,6 +49,12 @@ class PermutationConfig:
     # With 100 neighbouring codes are alike and scaled attention stalled at 92 % in our
     # trials (at 30 % after 600 steps with 10000).
     position_scale: float = 0.1
+    # How the output layer starts: "embedding" (its rows are the digit embeddings, so from the
+    # first step the model gains by attending *to* p₂[i] and reading the digit there) or
+    # "random" (PyTorch's default). With "random" the task has a second, sign-flipped solution
+    # that about half the seeds find: attend to everything *but* p₂[i] and name the digit
+    # missing from the mix (see the experiment's page).
+    readout_init: str = "embedding"
     batch_size: int = 64
     batches_per_epoch: int = 500
     val_size: int = 1_000
@@ -52,7 +63,7 @@ class PermutationConfig:
         epochs=4, lr=3e-3, warmup=100, grad_clip=5.0))
 
     def __post_init__(self):
-        check_choices(self.attention, self.position)
+        check_choices(self.attention, self.position, self.readout_init)
         if self.n < 2:
             raise ValueError(f"n (the permutation length) must be at least 2, got {self.n}")
         for name in ("embed_dim", "additive_hidden", "batch_size", "batches_per_epoch",
@@ -64,9 +75,11 @@ class PermutationConfig:
 
     @property
     def variant(self) -> str:
-        """Short name of the model variant, e.g. "scaled-add-autoregressive"."""
+        """Short name of the model variant, e.g. "scaled-add-autoregressive" (with
+        "-random-readout" when the output layer starts at PyTorch's default)."""
         return "-".join([self.attention, self.position]
-                        + (["autoregressive"] if self.autoregressive else []))
+                        + (["autoregressive"] if self.autoregressive else [])
+                        + (["random-readout"] if self.readout_init == "random" else []))
 
 
 def default_config(seed: int = 0) -> PermutationConfig:
@@ -104,13 +117,17 @@ def composition_targets(inputs: torch.Tensor) -> torch.Tensor:
 class PermutationModel(nn.Module):
     """Embedding(n, e) → positional encoder (added, concatenated or none) → LSTM → attention
     with the LSTM outputs as queries and the embedded sequence as keys and values → Linear to
-    n logits per position. ``attention.last_weights`` holds the map of the last forward."""
+    n logits per position. ``attention.last_weights`` holds the map of the last forward.
+
+    ``readout_init="embedding"`` starts the output Linear with the digit embeddings as its
+    rows (zero for the concatenated positional part, zero bias): the logit of digit c starts
+    as the match of what was read with c's embedding. ``"random"`` keeps PyTorch's default."""
 
     def __init__(self, n: int, embed_dim: int, attention: str = "scaled", position: str = "add",
                  autoregressive: bool = False, additive_hidden: int = 32,
-                 position_scale: float = 0.1):
+                 position_scale: float = 0.1, readout_init: str = "embedding"):
         super().__init__()
-        check_choices(attention, position)
+        check_choices(attention, position, readout_init)
         self.n, self.autoregressive = n, autoregressive
         self.embedding = nn.Embedding(n, embed_dim)
         self.positions = (None if position == "none" else
@@ -124,6 +141,11 @@ class PermutationModel(nn.Module):
                           MultiplicativeAttention() if attention == "multiplicative" else
                           ScaledDotProductAttention())
         self.output = nn.Linear(width, n)
+        if readout_init == "embedding":  # overwrites, draws nothing: the rest is as "random"
+            with torch.no_grad():
+                self.output.weight.zero_()
+                self.output.weight[:, :embed_dim].copy_(self.embedding.weight)
+                self.output.bias.zero_()
 
     def forward(self, digits: torch.Tensor) -> torch.Tensor:
         """digits [B, L] in [0, n) → logits [B, L, n]"""
@@ -150,7 +172,8 @@ class PermutationModel(nn.Module):
 
 def make_model(config: PermutationConfig) -> PermutationModel:
     return PermutationModel(config.n, config.embed_dim, config.attention, config.position,
-                            config.autoregressive, config.additive_hidden, config.position_scale)
+                            config.autoregressive, config.additive_hidden, config.position_scale,
+                            config.readout_init)
 
 
 def argmax_on_p2(weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
@@ -234,7 +257,8 @@ def extra_figures(task: Task) -> dict:
 
 def apply_options(config: PermutationConfig, args) -> PermutationConfig:
     """The command line's --attention, --position and --autoregressive."""
-    chosen = {name: getattr(args, name) for name in ("attention", "position", "autoregressive")
+    chosen = {name: getattr(args, name) for name in ("attention", "position", "autoregressive",
+                                                     "readout_init")
               if getattr(args, name, None) is not None}
     return dataclasses.replace(config, **chosen)
 

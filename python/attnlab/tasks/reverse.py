@@ -100,6 +100,7 @@ def make_task(config: ReverseConfig, device: str | torch.device | None = None) -
     return Task(name="reverse", model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
                 evaluate_sums=evaluate_sums,
+                select_best="accuracy",  # the tutorial tests its best-validation checkpoint
                 examples={"attention": one_hot(splits["test"][:1], config.num_classes)})
 
 

@@ -7,10 +7,19 @@ counts, so the attention has to depend on the context.
 
 Layout of a sample: T tokens, each a bit; the last token is the one whose attention the plots
 show (the rule bit z in the rule task), so targets are drawn among the T − 1 tokens before it.
+
+Which generator: the tutorial's prose speaks of "the s-sparse AND", but each of the four runs
+behind its table draws its data from the generator *with a rule token* (its
+``s_Sparse_AND_Query(17, s)``): 16 bits and a rule bit choosing between two target sets. The
+table here uses that generator by default (``generator="rule-token"``), with its behaviour for
+s = 4 (see ``RuleAndGenerator``); the plain s-sparse AND (``generator="plain"``) is a second,
+separately labelled table. Losses are the tutorial's: torch's ``BCELoss`` on the sigmoid
+outputs, for training and for the reported validation loss.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -96,21 +105,31 @@ class SparseAndGenerator:
 
 
 class RuleAndGenerator:
-    """s-sparse AND with a rule token: T − 1 bits (1 with probability 0.5^(1/2)) and a last
-    rule bit z (1 with probability 1/2); two disjoint target sets f₁, f₂ of size s, drawn once;
-    label 1 iff (z = 0 and all f₁ bits are 1) or (z = 1 and all f₂ bits are 1).
+    """s-sparse AND with a rule token (the tutorial's ``s_Sparse_AND_Query``): T − 1 bits (1
+    with probability 0.5^(1/2)) and a last rule bit z (1 with probability 1/2); two disjoint
+    target sets f₁, f₂ of size s, drawn once; label 1 iff (z = 0 and all f₁ bits are 1) or
+    (z = 1 and all f₂ bits are 1).
 
-    ``sample(n)`` redraws (up to MAX_TRIES times) until the label mean lies in [0.45, 0.55]."""
+    ``sample(n)`` draws the n rule bits once, then redraws the other bits (up to MAX_TRIES
+    times) until the label mean lies in [0.45, 0.55]. When no draw does, it raises
+    GeneratorError; with ``keep_last_draw`` it returns the last draw instead, as the
+    tutorial's generator silently does. Both rules give a positive with probability
+    p^s = 0.5^(s/2), so for s = 4 (0.25) the window is never met and the tutorial's data hold
+    about 25 % positives. ``last_sample`` records the label mean of the last ``sample`` call
+    and whether it met the window."""
 
     label_window = (0.45, 0.55)
 
-    def __init__(self, seq_len: int, sparsity: int, seed: int = 0):
+    def __init__(self, seq_len: int, sparsity: int, seed: int = 0,
+                 keep_last_draw: bool = False):
         _check_count("sparsity", sparsity, 1)
         _check_count("seq_len", seq_len, 2)
         if seq_len < 2 * sparsity + 1:
             raise ValueError(f"seq_len must be at least 2 * sparsity + 1 = {2 * sparsity + 1} "
                              f"(two disjoint target sets and the rule token), got {seq_len}")
         self.seq_len, self.sparsity = seq_len, sparsity
+        self.keep_last_draw = keep_last_draw
+        self.last_sample: dict | None = None
         self.generator = torch.Generator().manual_seed(seed)
         order = torch.randperm(seq_len - 1, generator=self.generator)
         self.targets = (order[:sparsity].sort().values, order[sparsity:2 * sparsity].sort().values)
@@ -124,14 +143,18 @@ class RuleAndGenerator:
         """bits [n, T] (int64, 0 or 1; the last is the rule) and labels [n] (float)."""
         _check_count("n", n, 1)
         low, high = self.label_window
-        for _ in range(MAX_TRIES):
+        rule = torch.rand(n, 1, generator=self.generator) < 0.5  # once per call, as the tutorial
+        for draw in range(1, MAX_TRIES + 1):
             inputs = torch.rand(n, self.seq_len - 1, generator=self.generator) < RULE_BIT_PROBABILITY
-            rule = torch.rand(n, 1, generator=self.generator) < 0.5
             bits = torch.cat([inputs, rule], dim=1).long()
             labels = self.labels(bits)
             mean = labels.mean().item()
             if low <= mean <= high:
+                self.last_sample = {"label_mean": mean, "window_met": True, "draws": draw}
                 return bits, labels
+        self.last_sample = {"label_mean": mean, "window_met": False, "draws": MAX_TRIES}
+        if self.keep_last_draw:
+            return bits, labels
         raise GeneratorError(_label_window_error(
             f"RuleAndGenerator(seq_len={self.seq_len}, sparsity={self.sparsity})", n,
             self.label_window, mean))
@@ -149,8 +172,9 @@ def _check_bits(bits: torch.Tensor, seq_len: int, model: str) -> None:
 
 
 class MLP(nn.Module):
-    """Linear(T, 512) → GELU → Dropout(0.1) → Linear(512, 1) → sigmoid; weights N(0, 0.02),
-    zero biases (9,729 parameters at T = 17)."""
+    """Linear(T, 512) → GELU → Dropout(0.1) → Linear(512, 1) → sigmoid (9,729 parameters at
+    T = 17). The hidden layer's weights are N(0, 0.02) with zero biases; the output layer keeps
+    PyTorch's default initialisation, as the tutorial's ``BinaryMLP`` does."""
 
     def __init__(self, seq_len: int, hidden: int = 512, dropout: float = 0.1):
         super().__init__()
@@ -159,9 +183,8 @@ class MLP(nn.Module):
         self.seq_len = seq_len
         self.net = nn.Sequential(nn.Linear(seq_len, hidden), nn.GELU(), nn.Dropout(dropout),
                                  nn.Linear(hidden, 1))
-        for layer in (self.net[0], self.net[3]):
-            nn.init.normal_(layer.weight, std=0.02)
-            nn.init.zeros_(layer.bias)
+        nn.init.normal_(self.net[0].weight, std=0.02)
+        nn.init.zeros_(self.net[0].bias)
 
     def logits(self, bits: torch.Tensor) -> torch.Tensor:
         _check_bits(bits, self.seq_len, "MLP")
@@ -222,26 +245,36 @@ MODELS = {"SAT": SAT, "MLP": MLP}
 
 
 def parameter_count(model: nn.Module) -> int:
+    """The number of parameters of ``model``."""
     return sum(p.numel() for p in model.parameters())
+
+
+def tutorial_bce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The tutorial's loss: torch's ``BCELoss`` on the sigmoid outputs, which clamps each log at
+    −100 (a confidently wrong sample costs at most 100, and one whose sigmoid has saturated
+    gives no gradient). ``binary_cross_entropy_with_logits`` would differ exactly there."""
+    return F.binary_cross_entropy(torch.sigmoid(logits), labels)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, bits: torch.Tensor, labels: torch.Tensor) -> dict:
-    """Accuracy and binary cross-entropy of ``model`` on one full batch (moved to the model's
-    device)."""
+    """Accuracy (a probability above 0.5 counts as 1, as the tutorial's rounding does) and the
+    tutorial's binary cross-entropy (``tutorial_bce``) of ``model`` on one full batch (moved to
+    the model's device)."""
     model.eval()
     device = model_device(model)
     bits, labels = bits.to(device), labels.to(device)
     logits = model.logits(bits)
     return {"accuracy": ((logits > 0).float() == labels).float().mean().item(),
-            "loss": F.binary_cross_entropy_with_logits(logits, labels).item()}
+            "loss": tutorial_bce(logits, labels).item()}
 
 
 def train_full_batch(model: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
                      val: tuple[torch.Tensor, torch.Tensor], epochs: int, lr: float,
                      progress: bool = False, desc: str | None = None,
                      device: str | torch.device | None = None) -> dict:
-    """Adam on the binary cross-entropy of the whole training set, one step per epoch, on
+    """Adam on the tutorial's binary cross-entropy (``tutorial_bce``) of the whole training
+    set, one step per epoch, on
     ``device`` (default: where the model is; the model and the data are moved there).
     Returns the per-epoch training losses, the final train and validation metrics and the
     seconds taken. Seed torch before building the model for a repeatable run (dropout draws
@@ -263,7 +296,7 @@ def train_full_batch(model: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
         for _ in tqdm(range(epochs), desc=desc, disable=not progress, leave=False):
             model.train()
             optimizer.zero_grad()
-            loss = F.binary_cross_entropy_with_logits(model.logits(bits), labels)
+            loss = tutorial_bce(model.logits(bits), labels)
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
@@ -274,8 +307,16 @@ def train_full_batch(model: nn.Module, train: tuple[torch.Tensor, torch.Tensor],
             "val": evaluate(model, *val), "seconds": seconds}
 
 
+GENERATORS = ("rule-token", "plain")
+
+
 @dataclass
 class SparseAndConfig:
+    """The table's setting. ``generator``: "rule-token" (the tutorial's runs: 16 bits and a rule
+    bit, two target sets, its label-window fallback for s = 4) or "plain" (the s-sparse AND of
+    the tutorial's prose, on T bits)."""
+
+    generator: str = "rule-token"
     seq_len: int = 17
     sparsities: tuple[int, ...] = (2, 4)
     train_size: int = 200
@@ -287,6 +328,9 @@ class SparseAndConfig:
     seeds: int = 5
 
     def __post_init__(self):
+        if self.generator not in GENERATORS:
+            raise ValueError(f"generator must be one of {', '.join(GENERATORS)}, got "
+                             f"{self.generator!r}")
         _check_count("seeds", self.seeds, 1)
         for name in ("train_size", "val_size", "mlp_epochs", "sat_epochs"):
             _check_count(name, getattr(self, name), 1)
@@ -294,28 +338,51 @@ class SparseAndConfig:
             raise ValueError("sparsities must name at least one s")
         for s in self.sparsities:
             _check_count("each of sparsities", s, 1)
-        if self.seq_len < max(self.sparsities) + 1:
-            raise ValueError(f"seq_len must be at least max(sparsities) + 1 = "
-                             f"{max(self.sparsities) + 1}, got {self.seq_len}")
+        needed = (2 if self.generator == "rule-token" else 1) * max(self.sparsities) + 1
+        if self.seq_len < needed:
+            raise ValueError(f"seq_len must be at least {needed} for the {self.generator} "
+                             f"generator with s = {max(self.sparsities)}, got {self.seq_len}")
 
 
-def default_config(seeds: int = 5) -> SparseAndConfig:
-    """The Neuromatch tutorial's recipe, ``seeds`` runs per row."""
-    return SparseAndConfig(seeds=seeds)
+def default_config(seeds: int = 5, generator: str = "rule-token") -> SparseAndConfig:
+    """The Neuromatch tutorial's recipe, ``seeds`` runs per row, on ``generator``."""
+    return SparseAndConfig(seeds=seeds, generator=generator)
 
 
-def fast_config(seeds: int = 2) -> SparseAndConfig:
+def fast_config(seeds: int = 2, generator: str = "rule-token") -> SparseAndConfig:
     """A quarter of the SAT's epochs and 200 of the MLP's, two seeds: seconds."""
-    return SparseAndConfig(seeds=seeds, sat_epochs=500, mlp_epochs=200)
+    return SparseAndConfig(seeds=seeds, sat_epochs=500, mlp_epochs=200, generator=generator)
+
+
+def make_generator(config: SparseAndConfig, sparsity: int, seed: int):
+    """The configured generator for ``sparsity`` and ``seed``: the rule-token one keeps its last
+    draw when the label window cannot be met, as the tutorial's does."""
+    if config.generator == "plain":
+        return SparseAndGenerator(config.seq_len, sparsity, seed=seed)
+    return RuleAndGenerator(config.seq_len, sparsity, seed=seed, keep_last_draw=True)
+
+
+def target_positions(generator) -> list[int]:
+    """Every target index of a generator (both sets of the rule-token one), sorted."""
+    targets = generator.targets
+    if isinstance(targets, tuple):
+        return sorted(int(t) for part in targets for t in part)
+    return sorted(int(t) for t in targets)
 
 
 def run_one(model_name: str, sparsity: int, seed: int, config: SparseAndConfig,
             progress: bool = False, device: str | torch.device | None = None) -> dict:
     """Train one model on one seed's data, on ``device`` (default the CPU). The data depend on
-    (seed, sparsity) only, so the SAT and the MLP of a seed see the same samples; they are
-    drawn on the CPU and kept there in the result."""
-    generator = SparseAndGenerator(config.seq_len, sparsity, seed=seed)
-    train, val = generator.sample(config.train_size), generator.sample(config.val_size)
+    (seed, sparsity, generator, sizes) only, so the SAT and the MLP of a seed see the same
+    samples; they are drawn on the CPU and kept there in the result, with ``data_draws``: each
+    split's label mean and, for the rule-token generator, whether it met the label window."""
+    generator = make_generator(config, sparsity, seed)
+    train = generator.sample(config.train_size)
+    draws = {"train": getattr(generator, "last_sample", None)}
+    val = generator.sample(config.val_size)
+    draws["val"] = getattr(generator, "last_sample", None)
+    draws = {split: draw or {"label_mean": labels.mean().item(), "window_met": True}
+             for (split, draw), labels in zip(draws.items(), (train[1], val[1]))}
     torch.manual_seed(seed)
     model = MODELS[model_name](config.seq_len)
     epochs, lr = ((config.sat_epochs, config.sat_lr) if model_name == "SAT"
@@ -323,7 +390,7 @@ def run_one(model_name: str, sparsity: int, seed: int, config: SparseAndConfig,
     result = train_full_batch(model, train, val, epochs, lr, progress=progress,
                               desc=f"{model_name} s={sparsity} seed {seed}", device=device)
     return {"model": model, "generator": generator, "train_data": train, "val_data": val,
-            **result}
+            "data_draws": draws, **result}
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -331,22 +398,27 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool = False,
-                  keep_runs: bool = False, device: str | torch.device | None = None) -> dict:
-    """The four rows of the Neuromatch tutorial's table (SAT and MLP × each s) over seeds first_seed, ... :
-    ``rows`` (mean ± std of val. accuracy and loss, per-seed values, parameters, seconds) and,
-    with ``keep_runs``, ``runs[(model, s)]`` = the run of the first seed (model and data, for
-    the plots)."""
+                  keep_runs: bool = False, device: str | torch.device | None = None,
+                  seeds: list[int] | None = None) -> dict:
+    """The four rows of the Neuromatch tutorial's table (SAT and MLP × each s) over ``seeds``
+    (default: ``config.seeds`` seeds from ``first_seed``): ``rows`` (mean ± std of val. accuracy
+    and loss, per-seed values with each split's label mean, parameters, seconds), the
+    ``generator`` used and, with ``keep_runs``, ``runs[(model, s)]`` = the run of the first seed
+    (model and data, for the plots)."""
+    seeds = list(range(first_seed, first_seed + config.seeds)) if seeds is None else list(seeds)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
     rows, runs = [], {}
     for model_name in ("SAT", "MLP"):
         for s in config.sparsities:
             per_seed = []
-            for seed in range(first_seed, first_seed + config.seeds):
+            for seed in seeds:
                 run = run_one(model_name, s, seed, config, progress=progress, device=device)
                 per_seed.append({"seed": seed, "val_accuracy": run["val"]["accuracy"],
                                  "val_loss": run["val"]["loss"],
                                  "train_accuracy": run["train"]["accuracy"],
-                                 "seconds": run["seconds"]})
-                if keep_runs and seed == first_seed:
+                                 "seconds": run["seconds"], "data": run["data_draws"]})
+                if keep_runs and seed == seeds[0]:
                     runs[(model_name, s)] = run
             accuracy = _mean_std([r["val_accuracy"] for r in per_seed])
             loss = _mean_std([r["val_loss"] for r in per_seed])
@@ -355,14 +427,23 @@ def results_table(config: SparseAndConfig, first_seed: int = 0, progress: bool =
                          "val_accuracy_mean": accuracy[0], "val_accuracy_std": accuracy[1],
                          "val_loss_mean": loss[0], "val_loss_std": loss[1],
                          "seconds": sum(r["seconds"] for r in per_seed), "seeds": per_seed,
-                         "reference": REFERENCE.get((model_name, s))})
-    return {"config": asdict(config), "first_seed": first_seed, "rows": rows, "runs": runs}
+                         # The tutorial's figures are for its rule-token generator only.
+                         "reference": (REFERENCE.get((model_name, s))
+                                       if config.generator == "rule-token" else None)})
+    return {"config": asdict(config), "generator": config.generator, "first_seed": seeds[0],
+            "seed_list": seeds, "rows": rows, "runs": runs}
 
 
-def format_table(rows: list[dict]) -> str:
-    """The table as text, with the tutorial's reference beside each row."""
-    lines = [f"{'model':5} {'s':>2} {'params':>7}  {'val. accuracy':>15}  {'val. loss':>15}"
-             f"   reference (acc. / loss)"]
+def format_table(rows: list[dict], generator: str | None = None) -> str:
+    """The table as text, with the tutorial's reference beside each row (rule-token generator
+    only: the tutorial ran no other) and, when given, a first line naming the generator."""
+    lines = [] if generator is None else [
+        f"generator: {generator}" + (" (the tutorial's s_Sparse_AND_Query, as its four runs)"
+                                     if generator == "rule-token" else
+                                     " (the s-sparse AND of the tutorial's prose; the tutorial's "
+                                     "figures are not for this generator)")]
+    lines += [f"{'model':5} {'s':>2} {'params':>7}  {'val. accuracy':>15}  {'val. loss':>15}"
+              f"   reference (acc. / loss)"]
     for row in rows:
         reference = row["reference"]
         lines.append(f"{row['model']:5} {row['s']:>2} {row['parameters']:>7,}  "
@@ -404,47 +485,77 @@ def rule_fast_config() -> RuleAndConfig:
     return RuleAndConfig(epochs=500)
 
 
+GRAPH_SAMPLES = 200  # fresh samples the tutorial draws for its attention graph
+
+
 @torch.no_grad()
 def attention_graph(model: SAT, bits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """[2, T]: for rule 0 and rule 1, the product of the readout weight and the attention
-    output (the "score") of every input, averaged over the positive samples with that rule —
-    each input's share of the logit, which sums to the mean logit."""
+    """[2, T]: the tutorial's attention graph. For every position i the quantity
+    Σⱼ attention[i, j] · readout.weight[j] (the softmax weights times the readout,
+    ``einsum("bij,jk->bik", scores, linear.weight.T)`` in the tutorial's names), averaged over the
+    positive samples of rule 0 (first row) and of rule 1 (second row). The tutorial computes it
+    on fresh samples (``GRAPH_SAMPLES`` of them), which ``run_rule_task`` draws."""
     model.eval()
     output = model(bits.to(model_device(model)), elaborate=True)
-    contributions = (output.scores * model.readout.weight[0]).cpu()  # [B, T]
+    weighted = torch.einsum("bij,j->bi", output.attention, model.readout.weight[0]).cpu()
     rows = []
     for rule in (0, 1):
         chosen = (bits[:, -1] == rule) & (labels == 1)
         if not chosen.any():
             raise ValueError(f"attention_graph needs positive samples with rule {rule}, got none "
                              f"among {len(labels)} samples")
-        rows.append(contributions[chosen].mean(dim=0))
+        rows.append(weighted[chosen].mean(dim=0))
     return torch.stack(rows)
 
 
+def standing_out(edges: torch.Tensor, count: int) -> list[list[int]]:
+    """For each row of the graph, the ``count`` inputs (among the T − 1, not the rule token)
+    whose values stand out most from the row's median: every edge of a row shares a common
+    level (the readout's mean weight), which can be large and of either sign, so what the
+    graph shows is the departure from it."""
+    inputs = edges[:, :-1]
+    departure = (inputs - inputs.median(dim=1, keepdim=True).values).abs()
+    return [sorted(row.topk(count).indices.tolist()) for row in departure]
+
+
 def targets_lead(edges: torch.Tensor, targets) -> list[bool]:
-    """For each rule r: do its targets carry the largest absolute weights among the T − 1
-    inputs (the rule token itself is not a candidate)?"""
-    found = []
-    for rule, rule_targets in enumerate(targets):
-        top = edges[rule, :-1].abs().topk(len(rule_targets)).indices
-        found.append(set(top.tolist()) == set(rule_targets.tolist()))
-    return found
+    """For each rule r: are its targets the inputs that stand out most in its row of the graph
+    (``standing_out``)?"""
+    return [set(shown) == set(rule_targets.tolist())
+            for shown, rule_targets in zip(standing_out(edges, len(targets[0])), targets)]
 
 
 def run_rule_task(config: RuleAndConfig, seed: int = 0, progress: bool = False,
                   device: str | torch.device | None = None) -> dict:
-    """Train the SAT on the rule task on ``device`` (default the CPU); its metrics, attention
-    graph (on the CPU) and target recovery."""
+    """Train the SAT on the rule task on ``device`` (default the CPU); its metrics, the
+    tutorial's attention graph on ``GRAPH_SAMPLES`` fresh samples (on the CPU) and whether each
+    rule's targets lead it."""
     generator = RuleAndGenerator(config.seq_len, config.sparsity, seed=seed)
     train, val = generator.sample(config.train_size), generator.sample(config.val_size)
     torch.manual_seed(seed)
     model = SAT(config.seq_len)
     result = train_full_batch(model, train, val, config.epochs, config.lr, progress=progress,
                               desc=f"SAT rule task seed {seed}", device=device)
-    edges = attention_graph(model, *train)
+    fresh = generator.sample(GRAPH_SAMPLES)
+    edges = attention_graph(model, *fresh)
     return {"model": model, "generator": generator, "train_data": train, "val_data": val,
-            "edges": edges, "targets_lead": targets_lead(edges, generator.targets), **result}
+            "graph_data": fresh, "edges": edges,
+            "targets_lead": targets_lead(edges, generator.targets), **result}
+
+
+def rule_seeds_summary(runs: list[dict], config: RuleAndConfig, seeds: list[int]) -> dict:
+    """results.json of ``rule-and`` over several seeds: per seed the metrics, targets, graph and
+    recovery; over the seeds the mean ± std of the validation accuracy and, per rule, in how
+    many seeds its targets lead the graph."""
+    per_seed = [rule_summary(run, config, seed) for run, seed in zip(runs, seeds)]
+    accuracy = _mean_std([run["val"]["accuracy"] for run in per_seed])
+    return {"config": asdict(config), "seeds": seeds, "graph_samples": GRAPH_SAMPLES,
+            "graph": "mean over each rule's positive fresh samples of "
+                     "sum_j attention[i, j] * readout.weight[j] (the tutorial's quantity)",
+            "val_accuracy_mean": accuracy[0], "val_accuracy_std": accuracy[1],
+            "recovered": {f"rule {rule}": sum(run["targets_lead"][rule] for run in per_seed)
+                          for rule in (0, 1)},
+            "runs": per_seed}
 
 
 # ---- the gain demo ---------------------------------------------------------------------------
@@ -480,10 +591,13 @@ def table_figures(table: dict) -> dict:
     figures = {}
     for (model_name, s), run in table["runs"].items():
         bits, labels = run["val_data"]
-        targets = run["generator"].targets.tolist()
+        targets = target_positions(run["generator"])
+        kind = ("with a rule token (last), both target sets boxed"
+                if isinstance(run["generator"], RuleAndGenerator) else "plain")
         if model_name == "SAT":
             figures[f"samples_s{s}"] = plot.boolean_samples(
-                bits, labels, targets, title=f"{s}-sparse AND, T = {bits.shape[1]}: samples")
+                bits, labels, targets,
+                title=f"{s}-sparse AND {kind}, T = {bits.shape[1]}: samples")
             figures[f"attention_s{s}"] = plot.last_token_attention(
                 last_token_attention(run["model"], bits), labels, targets,
                 title=f"SAT, s = {s}: last token's attention on the validation set")
@@ -497,19 +611,117 @@ def table_summary(table: dict) -> dict:
 
 
 def rule_summary(run: dict, config: RuleAndConfig, seed: int) -> dict:
+    """What results.json keeps of one rule-task run: metrics, targets, the graph, the inputs
+    standing out in each rule's row and whether they are the rule's targets."""
+    targets = [t.tolist() for t in run["generator"].targets]
     return {"config": asdict(config), "seed": seed, "val": run["val"], "train": run["train"],
-            "seconds": run["seconds"],
-            "targets": [t.tolist() for t in run["generator"].targets],
-            "edges": run["edges"].tolist(), "targets_lead": run["targets_lead"]}
+            "seconds": run["seconds"], "targets": targets, "edges": run["edges"].tolist(),
+            "standing_out": standing_out(run["edges"], len(targets[0])),
+            "targets_lead": run["targets_lead"]}
+
+
+def format_rule_seeds(summary: dict) -> str:
+    """``rule_seeds_summary`` as text: one line per seed, then the counts."""
+    lines = []
+    for run in summary["runs"]:
+        rules = []
+        for rule, (shown, lead) in enumerate(zip(run["standing_out"], run["targets_lead"])):
+            whose = ("its own targets" if lead else "rule {}'s targets".format(1 - rule)
+                     if sorted(shown) == sorted(run["targets"][1 - rule]) else "no rule's targets")
+            rules.append(f"rule {rule} row highlights {shown} ({whose})")
+        lines.append(f"seed {run['seed']}: val. accuracy {run['val']['accuracy']:.3f}; targets "
+                     f"{run['targets']}; " + "; ".join(rules))
+    seeds = len(summary["runs"])
+    lines.append(f"val. accuracy {summary['val_accuracy_mean']:.3f} ± "
+                 f"{summary['val_accuracy_std']:.3f} over {seeds} seeds; targets recovered: "
+                 + ", ".join(f"{rule} in {count} of {seeds}"
+                             for rule, count in summary["recovered"].items()))
+    return "\n".join(lines)
 
 
 def format_rule_summary(summary: dict) -> str:
+    """One rule-task run as text: accuracy, then each rule's targets and largest weights."""
     lines = [f"SAT on the rule task (T = {summary['config']['seq_len']}, s = "
              f"{summary['config']['sparsity']}): val. accuracy {summary['val']['accuracy']:.3f}, "
              f"val. loss {summary['val']['loss']:.3f}"]
-    for rule, (targets, edges, lead) in enumerate(zip(summary["targets"], summary["edges"],
+    for rule, (targets, shown, lead) in enumerate(zip(summary["targets"],
+                                                      summary["standing_out"],
                                                       summary["targets_lead"])):
-        top = sorted(range(len(edges) - 1), key=lambda i: -abs(edges[i]))[:len(targets)]
-        lines.append(f"rule {rule}: targets {targets}, largest |weights| at {sorted(top)} -> "
+        lines.append(f"rule {rule}: targets {targets}, standing out at {shown} -> "
                      f"{'targets recovered' if lead else 'NOT recovered'}")
+    return "\n".join(lines)
+
+
+# ---- Exercise 3.4: sample complexity ----------------------------------------------------------
+
+SWEEP_SIZES = (25, 50, 100, 200, 400, 800, 1600, 3200)
+
+
+def sample_complexity(config: SparseAndConfig, sizes=SWEEP_SIZES, seeds=(0, 1, 2, 3, 4),
+                      sparsity: int = 2, models=("SAT", "MLP"), progress: bool = False,
+                      device: str | torch.device | None = None) -> dict:
+    """The tutorial's Exercise 3.4: the validation accuracy of each model against the number of
+    training samples (``sizes``, increasing) for ``sparsity``, on the configured generator, the
+    rest of the recipe unchanged. Per model and seed: the accuracy at every size and the first
+    size at which it reaches 100 % (None when no size does); over the seeds the mean ± std of
+    that size (over the seeds that reached it) and of the accuracy at each size."""
+    sizes = [int(size) for size in sizes]
+    if not sizes or sizes != sorted(set(sizes)) or sizes[0] < 1:
+        raise ValueError(f"sizes must be increasing positive sample counts, got {sizes}")
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("seeds must name at least one seed")
+    if sparsity not in config.sparsities:
+        config = dataclasses.replace(config, sparsities=(sparsity,))
+    models_out = {}
+    for model_name in models:
+        if model_name not in MODELS:
+            raise ValueError(f"models must be among {', '.join(MODELS)}, got {model_name!r}")
+        per_seed = []
+        for seed in seeds:
+            accuracies = []
+            for size in sizes:
+                run = run_one(model_name, sparsity, seed,
+                              dataclasses.replace(config, train_size=size), progress=progress,
+                              device=device)
+                accuracies.append(run["val"]["accuracy"])
+            first = next((size for size, accuracy in zip(sizes, accuracies) if accuracy == 1.0),
+                         None)
+            per_seed.append({"seed": seed, "val_accuracy": accuracies,
+                             "first_size_at_100": first})
+        reached = [run["first_size_at_100"] for run in per_seed
+                   if run["first_size_at_100"] is not None]
+        by_size = [_mean_std([run["val_accuracy"][i] for run in per_seed])
+                   for i in range(len(sizes))]
+        models_out[model_name] = {
+            "parameters": parameter_count(MODELS[model_name](config.seq_len)),
+            "seeds": per_seed,
+            "val_accuracy_mean": [m for m, _ in by_size],
+            "val_accuracy_std": [sd for _, sd in by_size],
+            "reached_100": len(reached),
+            "first_size_at_100_mean": _mean_std(reached)[0] if reached else None,
+            "first_size_at_100_std": _mean_std(reached)[1] if reached else None}
+    return {"config": asdict(config), "generator": config.generator, "sparsity": sparsity,
+            "sizes": sizes, "seed_list": seeds, "models": models_out}
+
+
+def format_sample_complexity(sweep: dict) -> str:
+    """The sweep as text: mean validation accuracy per size and model, then the first size at
+    100 % per seed and its mean ± std."""
+    sizes = sweep["sizes"]
+    lines = [f"Exercise 3.4, s = {sweep['sparsity']}, {sweep['generator']} generator: "
+             f"validation accuracy (mean over {len(sweep['seed_list'])} seeds) by training "
+             f"samples",
+             f"{'samples':>8} " + " ".join(f"{name:>7}" for name in sweep["models"])]
+    for i, size in enumerate(sizes):
+        lines.append(f"{size:>8} " + " ".join(f"{model['val_accuracy_mean'][i]:>7.3f}"
+                                              for model in sweep["models"].values()))
+    for name, model in sweep["models"].items():
+        firsts = ", ".join(f"seed {run['seed']}: {run['first_size_at_100'] or 'not reached'}"
+                           for run in model["seeds"])
+        count = len(model["seeds"])
+        summary = (f"{model['first_size_at_100_mean']:.0f} ± {model['first_size_at_100_std']:.0f}"
+                   f" over the {model['reached_100']} of {count} seeds that reach it"
+                   if model["reached_100"] else f"not reached in {count} seeds")
+        lines.append(f"{name}: first size at 100 % — {firsts}; {summary}")
     return "\n".join(lines)

@@ -1,6 +1,17 @@
 """Text classification (the NYU self-attention notebook): sentiment of movie reviews read from an ``aclImdb`` folder.
 Word and position embeddings, encoder layers built on the cross-style multi-head attention, a
-max-pool over the sequence and a linear layer to two classes."""
+max-pool over the sequence and a linear layer to two classes.
+
+Two recipes (``TextConfig.recipe``):
+
+- ``"nyu"``, the notebook's own: the position table holds the sinusoids and is frozen, no
+  dropout anywhere (the notebook's ``p`` arguments are never used), no padding mask (padding
+  tokens are attended to and pooled over like words), length-bucketed batches, AdamW at a
+  constant learning rate without gradient clipping.
+- ``"improved"`` (the default), attnlab's: the position table starts at the sinusoids and is
+  learned, dropout 0.1, padding masked out as keys and left out of the max-pool, shuffled
+  batches, the cosine warm-up schedule and gradient clipping at 5 of the shared loop.
+"""
 
 from __future__ import annotations
 
@@ -90,18 +101,24 @@ class TextEncoderLayer(nn.Module):
 
 
 class TextClassifier(nn.Module):
-    """Token embedding (padding index 1) + a learnable position table started at the sinusoids,
-    LayerNorm (eps 1e-12), encoder layers, max-pool over the non-padding positions, Linear to
-    the classes. Padding positions are masked out as keys."""
+    """Token embedding (padding index 1) + a position table started at the sinusoids,
+    LayerNorm (eps 1e-12), encoder layers, max-pool over the sequence, Linear to the classes.
+
+    ``freeze_positions`` keeps the position table at the sinusoids (the NYU notebook), else it
+    is learned. ``mask_padding`` masks padding positions out as keys and leaves them out of the
+    max-pool; without it (the notebook) they are attended to and pooled like any token."""
 
     def __init__(self, vocab_size: int, d_model: int = 32, num_heads: int = 2,
                  ff_dim: int = 128, num_layers: int = 1, max_positions: int = 10_000,
-                 dropout: float = 0.1, num_classes: int = 2):
+                 dropout: float = 0.1, num_classes: int = 2, freeze_positions: bool = False,
+                 mask_padding: bool = True):
         super().__init__()
         if vocab_size <= PADDING:
             raise ValueError(f"vocab_size must count the two special tokens, got {vocab_size}")
+        self.mask_padding = mask_padding
         self.token_embedding = nn.Embedding(vocab_size, d_model, padding_idx=PADDING)
         self.position_embedding = sinusoidal_embedding(max_positions, d_model)
+        self.position_embedding.weight.requires_grad_(not freeze_positions)
         self.embedding_norm = nn.LayerNorm(d_model, eps=1e-12)
         self.layers = nn.ModuleList(TextEncoderLayer(d_model, num_heads, ff_dim, dropout)
                                     for _ in range(num_layers))
@@ -116,8 +133,9 @@ class TextClassifier(nn.Module):
                              f"{self.position_embedding.num_embeddings} positions of the model")
         positions = torch.arange(ids.shape[1], device=ids.device)
         x = self.embedding_norm(self.token_embedding(ids) + self.position_embedding(positions))
-        keep = ids != PADDING                                  # [B, L]
-        mask = keep[:, None, None, :]                          # [B, 1, 1, L]: keys to attend to
+        keep = (ids != PADDING if self.mask_padding      # [B, L]
+                else torch.ones_like(ids, dtype=torch.bool))
+        mask = keep[:, None, None, :] if self.mask_padding else None  # [B, 1, 1, L] or none
         maps = []
         for layer in self.layers:
             x, weights = layer(x, mask)
@@ -136,9 +154,17 @@ class TextClassifier(nn.Module):
         return self._encode(ids)[2]
 
 
+RECIPES = ("improved", "nyu")
+
+
 @dataclass
 class TextConfig:
+    """The experiment's setting; ``recipe`` as the module docstring describes ("nyu" sets the
+    dropout to 0, and a constant learning rate without clipping, whatever ``dropout`` and
+    ``train`` say)."""
+
     data: str | None = None          # the aclImdb folder; None: a clear error
+    recipe: str = "improved"         # or "nyu", the notebook's own
     vocab_size: int = 50_000
     max_len: int = 200
     model_dim: int = 32
@@ -153,6 +179,11 @@ class TextConfig:
         epochs=10, lr=1e-3, warmup=50, grad_clip=5.0, optimizer="adamw"))
 
     def __post_init__(self):
+        if self.recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {self.recipe!r}")
+        if self.recipe == "nyu":  # the notebook's: no dropout, constant rate, no clipping
+            self.dropout = 0.0
+            self.train = dataclasses.replace(self.train, schedule="constant", grad_clip=None)
         for name in ("vocab_size", "max_len", "model_dim", "num_heads", "ff_dim", "num_layers",
                      "batch_size"):
             if getattr(self, name) < 1:
@@ -164,15 +195,31 @@ class TextConfig:
             raise ValueError(f"val_fraction must be between 0 and 1, got {self.val_fraction}")
 
 
-def default_config(seed: int = 0) -> TextConfig:
-    """The NYU notebook's model and recipe."""
-    return TextConfig(train=dataclasses.replace(TextConfig().train, seed=seed))
+def default_config(seed: int = 0, recipe: str = "improved") -> TextConfig:
+    """The NYU notebook's model, sizes and optimizer, with ``recipe``'s training details."""
+    return TextConfig(recipe=recipe, train=dataclasses.replace(TextConfig().train, seed=seed))
 
 
-def fast_config(seed: int = 0) -> TextConfig:
+def fast_config(seed: int = 0, recipe: str = "improved") -> TextConfig:
     """The same model for 2 epochs over reviews cut to 100 tokens."""
-    return TextConfig(max_len=100, train=dataclasses.replace(TextConfig().train, epochs=2,
-                                                             seed=seed))
+    return TextConfig(max_len=100, recipe=recipe,
+                      train=dataclasses.replace(TextConfig().train, epochs=2, seed=seed))
+
+
+def bucketed_batches(lengths: torch.Tensor, batch_size: int, generator: torch.Generator,
+                     pool_batches: int = 100) -> list[torch.Tensor]:
+    """Length-bucketed batches, as torchtext's BucketIterator makes them: the rows are
+    shuffled, each pool of ``pool_batches`` batches is sorted by length and cut into batches,
+    and the batches are shuffled. Returns the row indices of each batch (the last may be
+    short)."""
+    order = torch.randperm(len(lengths), generator=generator)
+    pool = batch_size * pool_batches
+    batches = []
+    for start in range(0, len(order), pool):
+        chunk = order[start:start + pool]
+        chunk = chunk[lengths[chunk].argsort(stable=True)]
+        batches.extend(chunk.split(batch_size))
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
 def make_task(config: TextConfig, device: str | torch.device | None = None) -> Task:
@@ -194,14 +241,22 @@ def make_task(config: TextConfig, device: str | torch.device | None = None) -> T
     splits["test"] = (vocabulary.encode([tokenize(t) for t in corpus["test"][0]], config.max_len),
                       corpus["test"][1])
     torch.manual_seed(config.train.seed)
+    nyu = config.recipe == "nyu"
     model = TextClassifier(len(vocabulary), config.model_dim, config.num_heads, config.ff_dim,
-                           config.num_layers, config.max_positions, config.dropout)
+                           config.num_layers, config.max_positions, config.dropout,
+                           freeze_positions=nyu, mask_padding=not nyu)
     if device is not None:
         model.to(device)
     train_size = len(parts["train"])
     batches = math.ceil(train_size / config.batch_size)  # the last, partial batch is kept
 
+    lengths = (splits["train"][0] != PADDING).sum(1)
+
     def train_batches(epoch, generator):
+        if nyu:
+            for rows in bucketed_batches(lengths, config.batch_size, generator):
+                yield splits["train"][0][rows], splits["train"][1][rows]
+            return
         shuffled = torch.randperm(train_size, generator=generator)
         for b in range(batches):
             rows = shuffled[b * config.batch_size:(b + 1) * config.batch_size]
@@ -223,7 +278,7 @@ def make_task(config: TextConfig, device: str | torch.device | None = None) -> T
     def accuracy(logits, targets):
         return (logits.argmax(-1) == targets).float().mean()
 
-    return Task(name="text", model=model, train_batches=train_batches, batches_per_epoch=batches,
+    return Task(name="text" if not nyu else "text (nyu recipe)", model=model, train_batches=train_batches, batches_per_epoch=batches,
                 loss=F.cross_entropy, evaluate=evaluate, accuracy=accuracy,
                 evaluate_sums=evaluate_sums,
                 examples={"vocabulary": vocabulary, "test_ids": splits["test"][0],
@@ -268,3 +323,14 @@ def write_demo_corpus(root: str | Path, reviews_per_label: int = 100, seed: int 
                 text = " ".join(words).capitalize() + ".<br /><br />" + rng.choice(NEUTRAL_WORDS)
                 (folder / f"{i}_{rating}.txt").write_text(text, encoding="utf-8")
     return root
+
+
+def apply_options(config: TextConfig, args) -> TextConfig:
+    """The command line's --recipe."""
+    recipe = getattr(args, "recipe", None)
+    return config if recipe is None else dataclasses.replace(config, recipe=recipe)
+
+
+def run_name(config: TextConfig) -> str:
+    """The default output folder's name: text, or text-nyu for the notebook's recipe."""
+    return "text" if config.recipe == "improved" else f"text-{config.recipe}"

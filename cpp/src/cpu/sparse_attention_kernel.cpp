@@ -109,14 +109,12 @@ ATTNLAB_INLINE double lanes_sum(Lanes8 v) {
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
 ATTNLAB_INLINE double lanes_min(Lanes8 v) {
-  double m = v[0];
-  for (int j = 1; j < 8; ++j) m = v[j] < m ? v[j] : m;
-  return m;
+  const auto lo = [](double a, double b) { return b < a ? b : a; };
+  return lo(lo(lo(v[0], v[4]), lo(v[2], v[6])), lo(lo(v[1], v[5]), lo(v[3], v[7])));
 }
 ATTNLAB_INLINE double lanes_max(Lanes8 v) {
-  double m = v[0];
-  for (int j = 1; j < 8; ++j) m = v[j] > m ? v[j] : m;
-  return m;
+  const auto hi = [](double a, double b) { return b > a ? b : a; };
+  return hi(hi(hi(v[0], v[4]), hi(v[2], v[6])), hi(hi(v[1], v[5]), hi(v[3], v[7])));
 }
 
 // f(τ) = Σ_j [c_j − τ]_+^r − 1 is convex and decreasing for r = 1 (sparsemax) and r = 2
@@ -125,9 +123,10 @@ ATTNLAB_INLINE double lanes_max(Lanes8 v) {
 // {c > τ}; it is the answer once it lies between the largest excluded and the smallest
 // included value (the KKT conditions). For sparsemax the Newton step is that solve itself
 // (Michelot's algorithm). Sums in double lanes; c holds m values padded with −inf to a
-// multiple of 8. w: scratch for m values.
+// multiple of 8. w: scratch for m values. *support_sum receives Σ_j s_j at the threshold
+// (sparsemax: the support's size; entmax-1.5: Σ_j [c_j − τ]_+).
 template <typename T, SparseKind K>
-ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
+ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w, double* support_sum) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   const int64_t chunks = (m + 7) / 8;
   double t = -1;
@@ -151,12 +150,18 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
     double step;
     if constexpr (K == SparseKind::kSparsemax) {
       step = (s1 - 1) / n;
-      if (d_out <= step && step < d_min) return t + step;
+      if (d_out <= step && step < d_min) {
+        *support_sum = n;
+        return t + step;
+      }
     } else {
       const double mean = s1 / n, ss = std::max(0.0, s2 - s1 * mean);
       if (ss <= 1) {
         const double solved = mean - std::sqrt((1 - ss) / n);
-        if (d_out <= solved && solved < d_min) return t + solved;
+        if (d_out <= solved && solved < d_min) {
+          *support_sum = s1 - n * solved;
+          return t + solved;
+        }
       }
       step = (s2 - 1) / (2 * s1);
     }
@@ -164,7 +169,14 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
     t += step;
   }
   std::copy(c, c + m, w);
-  return sorted_threshold<T, K>(w, m);
+  const double tau = sorted_threshold<T, K>(w, m);
+  double sum = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const double d = static_cast<double>(c[j]) - tau;
+    if (d > 0) sum += K == SparseKind::kSparsemax ? 1.0 : d;
+  }
+  *support_sum = sum;
+  return tau;
 }
 
 // α-entmax: f(τ) = Σ_j [c_j − τ]_+^r − 1 on the bracket [−1, −(1/m)^{α−1}] (the largest p is
@@ -285,7 +297,8 @@ ATTNLAB_INLINE void forward_row(T* x, int64_t visible, const T* mask, const Spar
   if constexpr (K == SparseKind::kBisect) {
     tau_rel = bisect_threshold(cand, m, nz, sizeof(T) == 4 ? 1e-10 : 1e-15);
   } else {
-    tau_rel = exact_threshold<T, K>(cand, m, scratch.work);
+    double unused;
+    tau_rel = exact_threshold<T, K>(cand, m, scratch.work, &unused);
   }
   // The support: p = d^r and s = d^{r−1} for d = y − τ > 0.
   int32_t* index = out.index + out.start[r];
@@ -372,10 +385,10 @@ ATTNLAB_INLINE void forward_row_dense(T* x, T* sup, int64_t visible, int64_t col
       sup[j] *= inv_s;
     }
   } else {
-    tau_rel = exact_threshold<T, K>(cand, visible, work);
+    double sum_s;
+    tau_rel = exact_threshold<T, K>(cand, visible, work, &sum_s);
     const T t = static_cast<T>(tau_rel);
-    T sum_s = 0;
-#pragma omp simd reduction(+ : sum_s)
+#pragma omp simd
     for (int64_t j = 0; j < visible; ++j) {
       const T d = cand[j] - t;
       const T dp = d > T(0) ? d : T(0);
@@ -389,9 +402,8 @@ ATTNLAB_INLINE void forward_row_dense(T* x, T* sup, int64_t visible, int64_t col
       }
       x[j] = p;
       sup[j] = sv;
-      sum_s += sv;
     }
-    const T inv_s = T(1) / sum_s;
+    const T inv_s = static_cast<T>(1 / sum_s);
 #pragma omp simd
     for (int64_t j = 0; j < visible; ++j) sup[j] *= inv_s;
   }
@@ -663,7 +675,8 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
     SequentialBlasScope sequential_blas;
     // Scores (unless they go straight into the weights), s for the dense path, the support
     // lists (at most every score) and one row's scratch.
-    std::vector<T> scores(weights ? 0 : block_q * ld), dense_s, list_p(block_q * ld),
+    std::vector<T> scores(weights ? 0 : 2 * block_q * ld), dense_s, stacked_out,
+        list_p(block_q * ld),
         list_s(block_q * ld), cand(ld + 8), work(ld);
     std::vector<int32_t> list_index(block_q * ld), cand_key(ld);
     std::vector<int64_t> start(block_q), count(block_q);
@@ -690,17 +703,25 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
       gemm(false, true, rows, kv_end, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
            p.key.row(b, 0), p.key.row_stride, T(0), x, ldx);
       if (kv_end <= kShortRow) {  // short rows: dense P and S, no lists
-        dense_s.resize(block_q * ld);
-        sparse_forward_rows_dense(x, ldx, dense_s.data(), ld, rows, kv_end,
-                                  mask_block(p, b, i0, 0), p.mask.row_stride,
-                                  visible_base(p, i0, 0), nz, t, scratch);
-        if (weights && kv_end < p.len_k) {
+        // Without weights, S goes right below P in the scores buffer: [P; S]·V is one product.
+        if (weights) dense_s.resize(block_q * ld);
+        T* sup = weights ? dense_s.data() : x + rows * ld;
+        sparse_forward_rows_dense(x, ldx, sup, ld, rows, kv_end, mask_block(p, b, i0, 0),
+                                  p.mask.row_stride, visible_base(p, i0, 0), nz, t, scratch);
+        if (weights) {
           for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ldx + kv_end, x + (r + 1) * ldx, T(0));
+          gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
+               p.value.row_stride, T(0), out, p.dim_v);
+          gemm(false, false, rows, p.dim_v, kv_end, T(1), dense_s.data(), ld, p.value.row(b, 0),
+               p.value.row_stride, T(0), u, p.dim_v);
+        } else {
+          stacked_out.resize(2 * block_q * p.dim_v);
+          gemm(false, false, 2 * rows, p.dim_v, kv_end, T(1), x, ld, p.value.row(b, 0),
+               p.value.row_stride, T(0), stacked_out.data(), p.dim_v);
+          std::copy(stacked_out.data(), stacked_out.data() + rows * p.dim_v, out);
+          std::copy(stacked_out.data() + rows * p.dim_v,
+                    stacked_out.data() + 2 * rows * p.dim_v, u);
         }
-        gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
-             p.value.row_stride, T(0), out, p.dim_v);
-        gemm(false, false, rows, p.dim_v, kv_end, T(1), dense_s.data(), ld, p.value.row(b, 0),
-             p.value.row_stride, T(0), u, p.dim_v);
         continue;
       }
       const int64_t nonzeros =

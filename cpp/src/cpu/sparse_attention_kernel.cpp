@@ -92,27 +92,26 @@ double sorted_threshold(T* c, int64_t m) {
 using Lanes8 = Vec<double>;
 typedef float Floats8 __attribute__((vector_size(32)));
 
+// (By reference: 64-byte vectors by value would depend on the instruction set's ABI.)
 template <typename T>
-ATTNLAB_INLINE Lanes8 load8(const T* x) {
+ATTNLAB_INLINE void load8(const T* x, Lanes8& v) {
   if constexpr (sizeof(T) == sizeof(double)) {
-    Lanes8 v;
     std::memcpy(&v, x, sizeof(v));
-    return v;
   } else {
     Floats8 f;
     std::memcpy(&f, x, sizeof(f));
-    return __builtin_convertvector(f, Lanes8);
+    v = __builtin_convertvector(f, Lanes8);
   }
 }
 
-ATTNLAB_INLINE double lanes_sum(Lanes8 v) {
+ATTNLAB_INLINE double lanes_sum(const Lanes8& v) {
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
-ATTNLAB_INLINE double lanes_min(Lanes8 v) {
+ATTNLAB_INLINE double lanes_min(const Lanes8& v) {
   const auto lo = [](double a, double b) { return b < a ? b : a; };
   return lo(lo(lo(v[0], v[4]), lo(v[2], v[6])), lo(lo(v[1], v[5]), lo(v[3], v[7])));
 }
-ATTNLAB_INLINE double lanes_max(Lanes8 v) {
+ATTNLAB_INLINE double lanes_max(const Lanes8& v) {
   const auto hi = [](double a, double b) { return b > a ? b : a; };
   return hi(hi(hi(v[0], v[4]), hi(v[2], v[6])), hi(hi(v[1], v[5]), hi(v[3], v[7])));
 }
@@ -135,7 +134,9 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w, double* suppo
     const Lanes8 zero = {}, one = zero + 1.0, tv = zero + t, lane_inf = zero + inf;
     Lanes8 vn = zero, vs1 = zero, vs2 = zero, vmin = lane_inf, vout = -lane_inf;
     for (int64_t ch = 0; ch < chunks; ++ch) {
-      const Lanes8 d = load8(c + 8 * ch) - tv;
+      Lanes8 d;
+      load8(c + 8 * ch, d);
+      d -= tv;
       const auto in = d > zero;
       const Lanes8 kept = in ? d : zero;
       vn += in ? one : zero;

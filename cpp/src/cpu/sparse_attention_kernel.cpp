@@ -481,14 +481,14 @@ ATTNLAB_INLINE void gather_rows_impl(const SupportLists<T>& lists, int64_t rows,
 // ---- rows of the backward --------------------------------------------------------------------
 
 // Scores x → p in place and s = p^{2−α} into s (unnormalised), from the stored τ. Returns
-// whether any entry is non-zero (a block of zeros adds nothing to any gradient).
+// the number of non-zero entries (a NaN row counts in full).
 template <typename T, SparseKind K>
-ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int64_t rows,
-                                       int64_t cols, const T* mask, int64_t mask_ld,
-                                       int64_t visible_base, const SparseNormalizer& nz,
-                                       const T* tau) {
+ATTNLAB_INLINE int64_t backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int64_t rows,
+                                          int64_t cols, const T* mask, int64_t mask_ld,
+                                          int64_t visible_base, const SparseNormalizer& nz,
+                                          const T* tau) {
   const T am1 = static_cast<T>(nz.am1);
-  int any = 0;
+  int64_t nonzeros = 0;
   for (int64_t r = 0; r < rows; ++r) {
     T* xr = x + r * ldx;
     T* sr = s + r * lds;
@@ -497,10 +497,11 @@ ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int
     if (t != t) {  // the forward's row was NaN
       fill(xr, 0, cols, kNaN<T>);
       fill(sr, 0, cols, kNaN<T>);
-      any = 1;
+      nonzeros += cols;
       continue;
     }
     if (mask) add_mask(xr, mask + r * mask_ld, visible);
+    int64_t count = 0;
     if constexpr (K == SparseKind::kBisect) {
       for (int64_t j = 0; j < visible; ++j) {
         const double d = static_cast<double>(am1 * xr[j] - t);
@@ -508,13 +509,13 @@ ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int
         if (d > 0) {
           p = std::pow(d, nz.r);
           sv = p / d;
-          any = 1;
+          ++count;
         }
         xr[j] = static_cast<T>(p);
         sr[j] = static_cast<T>(sv);
       }
     } else {
-#pragma omp simd reduction(| : any)
+#pragma omp simd reduction(+ : count)
       for (int64_t j = 0; j < visible; ++j) {
         const T d = am1 * xr[j] - t;
         const T dp = d > T(0) ? d : T(0);
@@ -525,32 +526,34 @@ ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int
           xr[j] = dp * dp;
           sr[j] = dp;
         }
-        any |= d > T(0);
+        count += d > T(0) ? 1 : 0;
       }
     }
+    nonzeros += count;
     fill(xr, visible, cols, T(0));
     fill(sr, visible, cols, T(0));
   }
-  return any != 0;
+  return nonzeros;
 }
 
-// s = p^{2−α} from the forward's probabilities. Returns whether any p is non-zero.
+// s = p^{2−α} from the forward's probabilities. Returns the number of non-zero p.
 template <typename T, SparseKind K>
-ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64_t lds,
-                                            int64_t rows, int64_t cols,
-                                            const SparseNormalizer& nz) {
-  int any = 0;
+ATTNLAB_INLINE int64_t support_from_probs_impl(const T* p, int64_t ldp, T* s, int64_t lds,
+                                               int64_t rows, int64_t cols,
+                                               const SparseNormalizer& nz) {
+  int64_t nonzeros = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* pr = p + r * ldp;
     T* sr = s + r * lds;
+    int64_t count = 0;
     if constexpr (K == SparseKind::kBisect) {
       for (int64_t j = 0; j < cols; ++j) {
         const T v = pr[j];
         sr[j] = v > T(0) ? static_cast<T>(std::pow(static_cast<double>(v), 2.0 - nz.alpha)) : v;
-        any |= v != T(0);
+        count += v != T(0) ? 1 : 0;
       }
     } else {
-#pragma omp simd reduction(| : any)
+#pragma omp simd reduction(+ : count)
       for (int64_t j = 0; j < cols; ++j) {
         const T v = pr[j];
         if constexpr (K == SparseKind::kSparsemax) {
@@ -558,11 +561,58 @@ ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64
         } else {
           sr[j] = std::sqrt(v);
         }
-        any |= v != T(0);
+        count += v != T(0) ? 1 : 0;
+      }
+    }
+    nonzeros += count;
+  }
+  return nonzeros;
+}
+
+// The gradients of one block from its non-zero entries only (the dense products' work at
+// each (r, c) with p_rc ≠ 0, skipping the zeros):
+//   dz = s·(dO_r·v_c − delta_r); dV_c += p·dO_r; dK_c += scale·dz·q_r; dQ_r += scale·dz·k_c;
+// grad_mask (when not null) receives dz. dq, dk, dv: rows of E, E, Ev (contiguous).
+template <typename T>
+ATTNLAB_INLINE void backward_sparse_block_impl(
+    const T* probs, int64_t ldp, const T* s, int64_t lds, int64_t rows, int64_t cols,
+    const T* dout, int64_t ld_dout, const T* q, int64_t ldq, const T* k, int64_t ldk,
+    const T* v, int64_t ldv, const T* delta, T scale, int64_t E, int64_t Ev, T* dq, T* dk,
+    T* dv, T* grad_mask, int64_t ld_mask) {
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* pr = probs + r * ldp;
+    const T* dor = dout + r * ld_dout;
+    const T* qr = q + r * ldq;
+    T* dqr = dq + r * E;
+    for (int64_t c0 = 0; c0 < cols; c0 += L) {
+      const int64_t n = std::min(L, cols - c0);
+      int any = 0;
+      for (int64_t j = 0; j < n; ++j) any |= pr[c0 + j] != T(0);
+      if (!any) continue;
+      for (int64_t c = c0; c < c0 + n; ++c) {
+        const T p = pr[c];
+        if (p == T(0)) continue;
+        const T* vc = v + c * ldv;
+        const T* kc = k + c * ldk;
+        T dp = 0;
+#pragma omp simd reduction(+ : dp)
+        for (int64_t e = 0; e < Ev; ++e) dp += dor[e] * vc[e];
+        const T dz = s[r * lds + c] * (dp - delta[r]);
+        if (grad_mask) grad_mask[r * ld_mask + c] = dz;
+        T* dvc = dv + c * Ev;
+#pragma omp simd
+        for (int64_t e = 0; e < Ev; ++e) dvc[e] += p * dor[e];
+        const T g = scale * dz;
+        T* dkc = dk + c * E;
+#pragma omp simd
+        for (int64_t e = 0; e < E; ++e) {
+          dkc[e] += g * qr[e];
+          dqr[e] += g * kc[e];
+        }
       }
     }
   }
-  return any != 0;
 }
 
 }  // namespace
@@ -602,19 +652,27 @@ ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64
                                              TYPE* out, TYPE* u) {                            \
     gather_rows_impl(lists, rows, v, ldv, dim_v, out, u);                                     \
   }                                                                                           \
-  ATTNLAB_ISA_CLONES bool sparse_backward_rows(TYPE* x, int64_t ldx, TYPE* s, int64_t lds,    \
-                                               int64_t rows, int64_t cols, const TYPE* mask,  \
-                                               int64_t mask_ld, int64_t visible_base,         \
-                                               const SparseNormalizer& nz, const TYPE* tau) { \
+  ATTNLAB_ISA_CLONES int64_t sparse_backward_rows(                                            \
+      TYPE* x, int64_t ldx, TYPE* s, int64_t lds, int64_t rows, int64_t cols,                  \
+      const TYPE* mask, int64_t mask_ld, int64_t visible_base, const SparseNormalizer& nz,     \
+      const TYPE* tau) {                                                                       \
     using T = TYPE;                                                                           \
     ATTNLAB_SPARSE_DISPATCH(backward_rows_impl, x, ldx, s, lds, rows, cols, mask, mask_ld,    \
                             visible_base, nz, tau)                                            \
   }                                                                                           \
-  ATTNLAB_ISA_CLONES bool sparse_support_from_probs(const TYPE* p, int64_t ldp, TYPE* s,      \
-                                                    int64_t lds, int64_t rows, int64_t cols,  \
-                                                    const SparseNormalizer& nz) {             \
+  ATTNLAB_ISA_CLONES int64_t sparse_support_from_probs(                                       \
+      const TYPE* p, int64_t ldp, TYPE* s, int64_t lds, int64_t rows, int64_t cols,            \
+      const SparseNormalizer& nz) {                                                            \
     using T = TYPE;                                                                           \
     ATTNLAB_SPARSE_DISPATCH(support_from_probs_impl, p, ldp, s, lds, rows, cols, nz)          \
+  }                                                                                           \
+  ATTNLAB_ISA_CLONES void sparse_backward_block(                                              \
+      const TYPE* probs, int64_t ldp, const TYPE* s, int64_t lds, int64_t rows, int64_t cols,  \
+      const TYPE* dout, int64_t ld_dout, const TYPE* q, int64_t ldq, const TYPE* k,            \
+      int64_t ldk, const TYPE* v, int64_t ldv, const TYPE* delta, TYPE scale, int64_t E,       \
+      int64_t Ev, TYPE* dq, TYPE* dk, TYPE* dv, TYPE* grad_mask, int64_t ld_mask) {            \
+    backward_sparse_block_impl(probs, ldp, s, lds, rows, cols, dout, ld_dout, q, ldq, k, ldk,  \
+                               v, ldv, delta, scale, E, Ev, dq, dk, dv, grad_mask, ld_mask);   \
   }
 
 ATTNLAB_DEFINE_SPARSE_ROWS(float)
@@ -647,6 +705,8 @@ int64_t forward_query_block(int64_t len_k) {
 constexpr int64_t kDenseFactor = 4;
 // Rows of at most this many keys skip the lists: P and S are made dense directly.
 constexpr int64_t kShortRow = 64;
+// A backward block with fewer than 1/kSparseBackwardFactor non-zeros is done entry by entry.
+constexpr int64_t kSparseBackwardFactor = 8;
 
 template <typename T>
 int64_t key_end(const AttentionProblem<T>& p, int64_t i0, int64_t rows) {
@@ -800,20 +860,32 @@ void sparse_attention_backward(const AttentionProblem<T>& p, double alpha,
           const T* dout = grad_output.row(b, i0);
           const T* probs_ij = probs.data();
           int64_t ld_probs = ld;
-          bool nonzero;
+          int64_t nonzeros;
           if (weights) {
             probs_ij = weights + (b * p.len_q + i0) * p.len_k + j0;
             ld_probs = p.len_k;
-            nonzero = sparse_support_from_probs(probs_ij, ld_probs, support.data(), ld, rows,
-                                                cols, nz);
+            nonzeros = sparse_support_from_probs(probs_ij, ld_probs, support.data(), ld, rows,
+                                                 cols, nz);
           } else {
             gemm(false, true, rows, cols, E, p.scale, q, p.query.row_stride, p.key.row(b, j0),
                  p.key.row_stride, T(0), probs.data(), ld);
-            nonzero = sparse_backward_rows(probs.data(), ld, support.data(), ld, rows, cols,
-                                           mask_block(p, b, i0, j0), p.mask.row_stride,
-                                           visible_base(p, i0, j0), nz, tau + b * p.len_q + i0);
+            nonzeros = sparse_backward_rows(probs.data(), ld, support.data(), ld, rows, cols,
+                                            mask_block(p, b, i0, j0), p.mask.row_stride,
+                                            visible_base(p, i0, j0), nz, tau + b * p.len_q + i0);
           }
-          if (!nonzero) continue;  // p = s = 0 on the whole block: it adds nothing
+          if (nonzeros == 0) continue;  // p = s = 0 on the whole block: it adds nothing
+          if (nonzeros * kSparseBackwardFactor < rows * cols) {
+            // Few non-zeros: the gradients entry by entry instead of four dense products.
+            sparse_backward_block(probs_ij, ld_probs, support.data(), ld, rows, cols, dout,
+                                  grad_output.row_stride, q, p.query.row_stride,
+                                  p.key.row(b, j0), p.key.row_stride, p.value.row(b, j0),
+                                  p.value.row_stride, delta.data() + b * p.len_q + i0, p.scale,
+                                  E, Ev, dq + i0 * E, dk, dv,
+                                  grad_mask ? grad_mask + (b * p.len_q + i0) * p.len_k + j0
+                                            : nullptr,
+                                  p.len_k);
+            continue;
+          }
           // dV_j += Pᵀ·dO_i
           gemm(true, false, cols, Ev, rows, T(1), probs_ij, ld_probs, dout,
                grad_output.row_stride, T(1), dv, Ev);

@@ -92,31 +92,28 @@ double sorted_threshold(T* c, int64_t m) {
 using Lanes8 = Vec<double>;
 typedef float Floats8 __attribute__((vector_size(32)));
 
+// (By reference: 64-byte vectors by value would depend on the instruction set's ABI.)
 template <typename T>
-ATTNLAB_INLINE Lanes8 load8(const T* x) {
+ATTNLAB_INLINE void load8(const T* x, Lanes8& v) {
   if constexpr (sizeof(T) == sizeof(double)) {
-    Lanes8 v;
     std::memcpy(&v, x, sizeof(v));
-    return v;
   } else {
     Floats8 f;
     std::memcpy(&f, x, sizeof(f));
-    return __builtin_convertvector(f, Lanes8);
+    v = __builtin_convertvector(f, Lanes8);
   }
 }
 
-ATTNLAB_INLINE double lanes_sum(Lanes8 v) {
+ATTNLAB_INLINE double lanes_sum(const Lanes8& v) {
   return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));
 }
-ATTNLAB_INLINE double lanes_min(Lanes8 v) {
-  double m = v[0];
-  for (int j = 1; j < 8; ++j) m = v[j] < m ? v[j] : m;
-  return m;
+ATTNLAB_INLINE double lanes_min(const Lanes8& v) {
+  const auto lo = [](double a, double b) { return b < a ? b : a; };
+  return lo(lo(lo(v[0], v[4]), lo(v[2], v[6])), lo(lo(v[1], v[5]), lo(v[3], v[7])));
 }
-ATTNLAB_INLINE double lanes_max(Lanes8 v) {
-  double m = v[0];
-  for (int j = 1; j < 8; ++j) m = v[j] > m ? v[j] : m;
-  return m;
+ATTNLAB_INLINE double lanes_max(const Lanes8& v) {
+  const auto hi = [](double a, double b) { return b > a ? b : a; };
+  return hi(hi(hi(v[0], v[4]), hi(v[2], v[6])), hi(hi(v[1], v[5]), hi(v[3], v[7])));
 }
 
 // f(τ) = Σ_j [c_j − τ]_+^r − 1 is convex and decreasing for r = 1 (sparsemax) and r = 2
@@ -125,9 +122,10 @@ ATTNLAB_INLINE double lanes_max(Lanes8 v) {
 // {c > τ}; it is the answer once it lies between the largest excluded and the smallest
 // included value (the KKT conditions). For sparsemax the Newton step is that solve itself
 // (Michelot's algorithm). Sums in double lanes; c holds m values padded with −inf to a
-// multiple of 8. w: scratch for m values.
+// multiple of 8. w: scratch for m values. *support_sum receives Σ_j s_j at the threshold
+// (sparsemax: the support's size; entmax-1.5: Σ_j [c_j − τ]_+).
 template <typename T, SparseKind K>
-ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
+ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w, double* support_sum) {
   constexpr double inf = std::numeric_limits<double>::infinity();
   const int64_t chunks = (m + 7) / 8;
   double t = -1;
@@ -136,7 +134,9 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
     const Lanes8 zero = {}, one = zero + 1.0, tv = zero + t, lane_inf = zero + inf;
     Lanes8 vn = zero, vs1 = zero, vs2 = zero, vmin = lane_inf, vout = -lane_inf;
     for (int64_t ch = 0; ch < chunks; ++ch) {
-      const Lanes8 d = load8(c + 8 * ch) - tv;
+      Lanes8 d;
+      load8(c + 8 * ch, d);
+      d -= tv;
       const auto in = d > zero;
       const Lanes8 kept = in ? d : zero;
       vn += in ? one : zero;
@@ -151,12 +151,18 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
     double step;
     if constexpr (K == SparseKind::kSparsemax) {
       step = (s1 - 1) / n;
-      if (d_out <= step && step < d_min) return t + step;
+      if (d_out <= step && step < d_min) {
+        *support_sum = n;
+        return t + step;
+      }
     } else {
       const double mean = s1 / n, ss = std::max(0.0, s2 - s1 * mean);
       if (ss <= 1) {
         const double solved = mean - std::sqrt((1 - ss) / n);
-        if (d_out <= solved && solved < d_min) return t + solved;
+        if (d_out <= solved && solved < d_min) {
+          *support_sum = s1 - n * solved;
+          return t + solved;
+        }
       }
       step = (s2 - 1) / (2 * s1);
     }
@@ -164,7 +170,14 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w) {
     t += step;
   }
   std::copy(c, c + m, w);
-  return sorted_threshold<T, K>(w, m);
+  const double tau = sorted_threshold<T, K>(w, m);
+  double sum = 0;
+  for (int64_t j = 0; j < m; ++j) {
+    const double d = static_cast<double>(c[j]) - tau;
+    if (d > 0) sum += K == SparseKind::kSparsemax ? 1.0 : d;
+  }
+  *support_sum = sum;
+  return tau;
 }
 
 // α-entmax: f(τ) = Σ_j [c_j − τ]_+^r − 1 on the bracket [−1, −(1/m)^{α−1}] (the largest p is
@@ -285,7 +298,8 @@ ATTNLAB_INLINE void forward_row(T* x, int64_t visible, const T* mask, const Spar
   if constexpr (K == SparseKind::kBisect) {
     tau_rel = bisect_threshold(cand, m, nz, sizeof(T) == 4 ? 1e-10 : 1e-15);
   } else {
-    tau_rel = exact_threshold<T, K>(cand, m, scratch.work);
+    double unused;
+    tau_rel = exact_threshold<T, K>(cand, m, scratch.work, &unused);
   }
   // The support: p = d^r and s = d^{r−1} for d = y − τ > 0.
   int32_t* index = out.index + out.start[r];
@@ -372,10 +386,10 @@ ATTNLAB_INLINE void forward_row_dense(T* x, T* sup, int64_t visible, int64_t col
       sup[j] *= inv_s;
     }
   } else {
-    tau_rel = exact_threshold<T, K>(cand, visible, work);
+    double sum_s;
+    tau_rel = exact_threshold<T, K>(cand, visible, work, &sum_s);
     const T t = static_cast<T>(tau_rel);
-    T sum_s = 0;
-#pragma omp simd reduction(+ : sum_s)
+#pragma omp simd
     for (int64_t j = 0; j < visible; ++j) {
       const T d = cand[j] - t;
       const T dp = d > T(0) ? d : T(0);
@@ -389,9 +403,8 @@ ATTNLAB_INLINE void forward_row_dense(T* x, T* sup, int64_t visible, int64_t col
       }
       x[j] = p;
       sup[j] = sv;
-      sum_s += sv;
     }
-    const T inv_s = T(1) / sum_s;
+    const T inv_s = static_cast<T>(1 / sum_s);
 #pragma omp simd
     for (int64_t j = 0; j < visible; ++j) sup[j] *= inv_s;
   }
@@ -468,14 +481,14 @@ ATTNLAB_INLINE void gather_rows_impl(const SupportLists<T>& lists, int64_t rows,
 // ---- rows of the backward --------------------------------------------------------------------
 
 // Scores x → p in place and s = p^{2−α} into s (unnormalised), from the stored τ. Returns
-// whether any entry is non-zero (a block of zeros adds nothing to any gradient).
+// the number of non-zero entries (a NaN row counts in full).
 template <typename T, SparseKind K>
-ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int64_t rows,
-                                       int64_t cols, const T* mask, int64_t mask_ld,
-                                       int64_t visible_base, const SparseNormalizer& nz,
-                                       const T* tau) {
+ATTNLAB_INLINE int64_t backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int64_t rows,
+                                          int64_t cols, const T* mask, int64_t mask_ld,
+                                          int64_t visible_base, const SparseNormalizer& nz,
+                                          const T* tau) {
   const T am1 = static_cast<T>(nz.am1);
-  int any = 0;
+  int64_t nonzeros = 0;
   for (int64_t r = 0; r < rows; ++r) {
     T* xr = x + r * ldx;
     T* sr = s + r * lds;
@@ -484,10 +497,11 @@ ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int
     if (t != t) {  // the forward's row was NaN
       fill(xr, 0, cols, kNaN<T>);
       fill(sr, 0, cols, kNaN<T>);
-      any = 1;
+      nonzeros += cols;
       continue;
     }
     if (mask) add_mask(xr, mask + r * mask_ld, visible);
+    int64_t count = 0;
     if constexpr (K == SparseKind::kBisect) {
       for (int64_t j = 0; j < visible; ++j) {
         const double d = static_cast<double>(am1 * xr[j] - t);
@@ -495,13 +509,13 @@ ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int
         if (d > 0) {
           p = std::pow(d, nz.r);
           sv = p / d;
-          any = 1;
+          ++count;
         }
         xr[j] = static_cast<T>(p);
         sr[j] = static_cast<T>(sv);
       }
     } else {
-#pragma omp simd reduction(| : any)
+#pragma omp simd reduction(+ : count)
       for (int64_t j = 0; j < visible; ++j) {
         const T d = am1 * xr[j] - t;
         const T dp = d > T(0) ? d : T(0);
@@ -512,32 +526,34 @@ ATTNLAB_INLINE bool backward_rows_impl(T* x, int64_t ldx, T* s, int64_t lds, int
           xr[j] = dp * dp;
           sr[j] = dp;
         }
-        any |= d > T(0);
+        count += d > T(0) ? 1 : 0;
       }
     }
+    nonzeros += count;
     fill(xr, visible, cols, T(0));
     fill(sr, visible, cols, T(0));
   }
-  return any != 0;
+  return nonzeros;
 }
 
-// s = p^{2−α} from the forward's probabilities. Returns whether any p is non-zero.
+// s = p^{2−α} from the forward's probabilities. Returns the number of non-zero p.
 template <typename T, SparseKind K>
-ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64_t lds,
-                                            int64_t rows, int64_t cols,
-                                            const SparseNormalizer& nz) {
-  int any = 0;
+ATTNLAB_INLINE int64_t support_from_probs_impl(const T* p, int64_t ldp, T* s, int64_t lds,
+                                               int64_t rows, int64_t cols,
+                                               const SparseNormalizer& nz) {
+  int64_t nonzeros = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const T* pr = p + r * ldp;
     T* sr = s + r * lds;
+    int64_t count = 0;
     if constexpr (K == SparseKind::kBisect) {
       for (int64_t j = 0; j < cols; ++j) {
         const T v = pr[j];
         sr[j] = v > T(0) ? static_cast<T>(std::pow(static_cast<double>(v), 2.0 - nz.alpha)) : v;
-        any |= v != T(0);
+        count += v != T(0) ? 1 : 0;
       }
     } else {
-#pragma omp simd reduction(| : any)
+#pragma omp simd reduction(+ : count)
       for (int64_t j = 0; j < cols; ++j) {
         const T v = pr[j];
         if constexpr (K == SparseKind::kSparsemax) {
@@ -545,11 +561,58 @@ ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64
         } else {
           sr[j] = std::sqrt(v);
         }
-        any |= v != T(0);
+        count += v != T(0) ? 1 : 0;
+      }
+    }
+    nonzeros += count;
+  }
+  return nonzeros;
+}
+
+// The gradients of one block from its non-zero entries only (the dense products' work at
+// each (r, c) with p_rc ≠ 0, skipping the zeros):
+//   dz = s·(dO_r·v_c − delta_r); dV_c += p·dO_r; dK_c += scale·dz·q_r; dQ_r += scale·dz·k_c;
+// grad_mask (when not null) receives dz. dq, dk, dv: rows of E, E, Ev (contiguous).
+template <typename T>
+ATTNLAB_INLINE void backward_sparse_block_impl(
+    const T* probs, int64_t ldp, const T* s, int64_t lds, int64_t rows, int64_t cols,
+    const T* dout, int64_t ld_dout, const T* q, int64_t ldq, const T* k, int64_t ldk,
+    const T* v, int64_t ldv, const T* delta, T scale, int64_t E, int64_t Ev, T* dq, T* dk,
+    T* dv, T* grad_mask, int64_t ld_mask) {
+  constexpr int64_t L = kLanes<T>;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* pr = probs + r * ldp;
+    const T* dor = dout + r * ld_dout;
+    const T* qr = q + r * ldq;
+    T* dqr = dq + r * E;
+    for (int64_t c0 = 0; c0 < cols; c0 += L) {
+      const int64_t n = std::min(L, cols - c0);
+      int any = 0;
+      for (int64_t j = 0; j < n; ++j) any |= pr[c0 + j] != T(0);
+      if (!any) continue;
+      for (int64_t c = c0; c < c0 + n; ++c) {
+        const T p = pr[c];
+        if (p == T(0)) continue;
+        const T* vc = v + c * ldv;
+        const T* kc = k + c * ldk;
+        T dp = 0;
+#pragma omp simd reduction(+ : dp)
+        for (int64_t e = 0; e < Ev; ++e) dp += dor[e] * vc[e];
+        const T dz = s[r * lds + c] * (dp - delta[r]);
+        if (grad_mask) grad_mask[r * ld_mask + c] = dz;
+        T* dvc = dv + c * Ev;
+#pragma omp simd
+        for (int64_t e = 0; e < Ev; ++e) dvc[e] += p * dor[e];
+        const T g = scale * dz;
+        T* dkc = dk + c * E;
+#pragma omp simd
+        for (int64_t e = 0; e < E; ++e) {
+          dkc[e] += g * qr[e];
+          dqr[e] += g * kc[e];
+        }
       }
     }
   }
-  return any != 0;
 }
 
 }  // namespace
@@ -589,19 +652,27 @@ ATTNLAB_INLINE bool support_from_probs_impl(const T* p, int64_t ldp, T* s, int64
                                              TYPE* out, TYPE* u) {                            \
     gather_rows_impl(lists, rows, v, ldv, dim_v, out, u);                                     \
   }                                                                                           \
-  ATTNLAB_ISA_CLONES bool sparse_backward_rows(TYPE* x, int64_t ldx, TYPE* s, int64_t lds,    \
-                                               int64_t rows, int64_t cols, const TYPE* mask,  \
-                                               int64_t mask_ld, int64_t visible_base,         \
-                                               const SparseNormalizer& nz, const TYPE* tau) { \
+  ATTNLAB_ISA_CLONES int64_t sparse_backward_rows(                                            \
+      TYPE* x, int64_t ldx, TYPE* s, int64_t lds, int64_t rows, int64_t cols,                  \
+      const TYPE* mask, int64_t mask_ld, int64_t visible_base, const SparseNormalizer& nz,     \
+      const TYPE* tau) {                                                                       \
     using T = TYPE;                                                                           \
     ATTNLAB_SPARSE_DISPATCH(backward_rows_impl, x, ldx, s, lds, rows, cols, mask, mask_ld,    \
                             visible_base, nz, tau)                                            \
   }                                                                                           \
-  ATTNLAB_ISA_CLONES bool sparse_support_from_probs(const TYPE* p, int64_t ldp, TYPE* s,      \
-                                                    int64_t lds, int64_t rows, int64_t cols,  \
-                                                    const SparseNormalizer& nz) {             \
+  ATTNLAB_ISA_CLONES int64_t sparse_support_from_probs(                                       \
+      const TYPE* p, int64_t ldp, TYPE* s, int64_t lds, int64_t rows, int64_t cols,            \
+      const SparseNormalizer& nz) {                                                            \
     using T = TYPE;                                                                           \
     ATTNLAB_SPARSE_DISPATCH(support_from_probs_impl, p, ldp, s, lds, rows, cols, nz)          \
+  }                                                                                           \
+  ATTNLAB_ISA_CLONES void sparse_backward_block(                                              \
+      const TYPE* probs, int64_t ldp, const TYPE* s, int64_t lds, int64_t rows, int64_t cols,  \
+      const TYPE* dout, int64_t ld_dout, const TYPE* q, int64_t ldq, const TYPE* k,            \
+      int64_t ldk, const TYPE* v, int64_t ldv, const TYPE* delta, TYPE scale, int64_t E,       \
+      int64_t Ev, TYPE* dq, TYPE* dk, TYPE* dv, TYPE* grad_mask, int64_t ld_mask) {            \
+    backward_sparse_block_impl(probs, ldp, s, lds, rows, cols, dout, ld_dout, q, ldq, k, ldk,  \
+                               v, ldv, delta, scale, E, Ev, dq, dk, dv, grad_mask, ld_mask);   \
   }
 
 ATTNLAB_DEFINE_SPARSE_ROWS(float)
@@ -634,6 +705,8 @@ int64_t forward_query_block(int64_t len_k) {
 constexpr int64_t kDenseFactor = 4;
 // Rows of at most this many keys skip the lists: P and S are made dense directly.
 constexpr int64_t kShortRow = 64;
+// A backward block with fewer than 1/kSparseBackwardFactor non-zeros is done entry by entry.
+constexpr int64_t kSparseBackwardFactor = 8;
 
 template <typename T>
 int64_t key_end(const AttentionProblem<T>& p, int64_t i0, int64_t rows) {
@@ -663,7 +736,8 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
     SequentialBlasScope sequential_blas;
     // Scores (unless they go straight into the weights), s for the dense path, the support
     // lists (at most every score) and one row's scratch.
-    std::vector<T> scores(weights ? 0 : block_q * ld), dense_s, list_p(block_q * ld),
+    std::vector<T> scores(weights ? 0 : 2 * block_q * ld), dense_s, stacked_out,
+        list_p(block_q * ld),
         list_s(block_q * ld), cand(ld + 8), work(ld);
     std::vector<int32_t> list_index(block_q * ld), cand_key(ld);
     std::vector<int64_t> start(block_q), count(block_q);
@@ -690,17 +764,25 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
       gemm(false, true, rows, kv_end, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
            p.key.row(b, 0), p.key.row_stride, T(0), x, ldx);
       if (kv_end <= kShortRow) {  // short rows: dense P and S, no lists
-        dense_s.resize(block_q * ld);
-        sparse_forward_rows_dense(x, ldx, dense_s.data(), ld, rows, kv_end,
-                                  mask_block(p, b, i0, 0), p.mask.row_stride,
-                                  visible_base(p, i0, 0), nz, t, scratch);
-        if (weights && kv_end < p.len_k) {
+        // Without weights, S goes right below P in the scores buffer: [P; S]·V is one product.
+        if (weights) dense_s.resize(block_q * ld);
+        T* sup = weights ? dense_s.data() : x + rows * ld;
+        sparse_forward_rows_dense(x, ldx, sup, ld, rows, kv_end, mask_block(p, b, i0, 0),
+                                  p.mask.row_stride, visible_base(p, i0, 0), nz, t, scratch);
+        if (weights) {
           for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ldx + kv_end, x + (r + 1) * ldx, T(0));
+          gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
+               p.value.row_stride, T(0), out, p.dim_v);
+          gemm(false, false, rows, p.dim_v, kv_end, T(1), dense_s.data(), ld, p.value.row(b, 0),
+               p.value.row_stride, T(0), u, p.dim_v);
+        } else {
+          stacked_out.resize(2 * block_q * p.dim_v);
+          gemm(false, false, 2 * rows, p.dim_v, kv_end, T(1), x, ld, p.value.row(b, 0),
+               p.value.row_stride, T(0), stacked_out.data(), p.dim_v);
+          std::copy(stacked_out.data(), stacked_out.data() + rows * p.dim_v, out);
+          std::copy(stacked_out.data() + rows * p.dim_v,
+                    stacked_out.data() + 2 * rows * p.dim_v, u);
         }
-        gemm(false, false, rows, p.dim_v, kv_end, T(1), x, ldx, p.value.row(b, 0),
-             p.value.row_stride, T(0), out, p.dim_v);
-        gemm(false, false, rows, p.dim_v, kv_end, T(1), dense_s.data(), ld, p.value.row(b, 0),
-             p.value.row_stride, T(0), u, p.dim_v);
         continue;
       }
       const int64_t nonzeros =
@@ -778,20 +860,32 @@ void sparse_attention_backward(const AttentionProblem<T>& p, double alpha,
           const T* dout = grad_output.row(b, i0);
           const T* probs_ij = probs.data();
           int64_t ld_probs = ld;
-          bool nonzero;
+          int64_t nonzeros;
           if (weights) {
             probs_ij = weights + (b * p.len_q + i0) * p.len_k + j0;
             ld_probs = p.len_k;
-            nonzero = sparse_support_from_probs(probs_ij, ld_probs, support.data(), ld, rows,
-                                                cols, nz);
+            nonzeros = sparse_support_from_probs(probs_ij, ld_probs, support.data(), ld, rows,
+                                                 cols, nz);
           } else {
             gemm(false, true, rows, cols, E, p.scale, q, p.query.row_stride, p.key.row(b, j0),
                  p.key.row_stride, T(0), probs.data(), ld);
-            nonzero = sparse_backward_rows(probs.data(), ld, support.data(), ld, rows, cols,
-                                           mask_block(p, b, i0, j0), p.mask.row_stride,
-                                           visible_base(p, i0, j0), nz, tau + b * p.len_q + i0);
+            nonzeros = sparse_backward_rows(probs.data(), ld, support.data(), ld, rows, cols,
+                                            mask_block(p, b, i0, j0), p.mask.row_stride,
+                                            visible_base(p, i0, j0), nz, tau + b * p.len_q + i0);
           }
-          if (!nonzero) continue;  // p = s = 0 on the whole block: it adds nothing
+          if (nonzeros == 0) continue;  // p = s = 0 on the whole block: it adds nothing
+          if (nonzeros * kSparseBackwardFactor < rows * cols) {
+            // Few non-zeros: the gradients entry by entry instead of four dense products.
+            sparse_backward_block(probs_ij, ld_probs, support.data(), ld, rows, cols, dout,
+                                  grad_output.row_stride, q, p.query.row_stride,
+                                  p.key.row(b, j0), p.key.row_stride, p.value.row(b, j0),
+                                  p.value.row_stride, delta.data() + b * p.len_q + i0, p.scale,
+                                  E, Ev, dq + i0 * E, dk, dv,
+                                  grad_mask ? grad_mask + (b * p.len_q + i0) * p.len_k + j0
+                                            : nullptr,
+                                  p.len_k);
+            continue;
+          }
           // dV_j += Pᵀ·dO_i
           gemm(true, false, cols, Ev, rows, T(1), probs_ij, ld_probs, dout,
                grad_output.row_stride, T(1), dv, Ev);

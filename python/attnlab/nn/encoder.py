@@ -14,9 +14,9 @@ class EncoderBlock(nn.Module):
     ``linear_net`` = Linear → Dropout → ReLU → Linear. With ``norm_first=True`` (pre-norm):
     ``x = x + dropout(self_attn(norm1(x)))``, ``x = x + dropout(linear_net(norm2(x)))``.
 
-    On the CPU, whenever dropout is inactive (p = 0, or eval mode), the whole block runs as one
-    fused operator, ``torch.ops.attnlab.encoder_block``, forward and backward; otherwise it
-    runs module by module. Inside ``attnlab.interpret.record()`` it always runs module by
+    On the CPU, whenever dropout is inactive (p = 0, or eval mode) and the normalizer is
+    softmax, the whole block runs as one fused operator, ``torch.ops.attnlab.encoder_block``,
+    forward and backward; otherwise it runs module by module. Inside ``attnlab.interpret.record()`` it always runs module by
     module, so that the recorder sees its attention call.
 
     Args:

@@ -70,7 +70,8 @@ class MultiheadAttention(nn.Module):
             linear.bias.data.fill_(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                return_attention: bool = False):
+                return_attention: bool = False
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Self-attention over x ``[batch, length, input_dim]``.
 
         Args:
@@ -80,7 +81,8 @@ class MultiheadAttention(nn.Module):
             return_attention: also return the weights ``[B, H, L, L]``.
 
         Returns:
-            ``[B, L, embed_dim]``, or the pair (that, weights) with ``return_attention``.
+            The output ``[B, L, embed_dim]``, or the pair (output, weights) with
+            ``return_attention``.
         """
         if x.dim() != 3 or x.shape[-1] != self.input_dim:
             raise ValueError(f"MultiheadAttention expects x of shape [batch, length, "

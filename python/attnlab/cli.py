@@ -92,6 +92,19 @@ def seed_list(seeds: str, first: int) -> list[int]:
     return chosen
 
 
+def size_list(sizes: str) -> list[int]:
+    """The training-set sizes ``--sizes`` asks for: increasing positive integers, comma-separated.
+    Raises ValueError naming the option."""
+    try:
+        chosen = [int(part) for part in str(sizes).split(",") if part.strip()]
+    except ValueError:
+        chosen = []
+    if not chosen or min(chosen) < 1 or chosen != sorted(set(chosen)):
+        raise ValueError(f"--sizes must be increasing sample counts >= 1, comma-separated "
+                         f"(such as 25,50,100), got {sizes!r}")
+    return chosen
+
+
 def _mean_std(values: list[float]) -> dict:
     import statistics
     return {"mean": statistics.fmean(values),
@@ -221,7 +234,7 @@ def run_sparse_and(args: argparse.Namespace) -> int:
     suffix = ("-plain" if args.generator == "plain" else "") + ("-fast" if args.fast else "")
     if args.sample_complexity:
         out = Path(args.out or f"runs/sample-complexity{suffix}")
-        sizes = ([int(size) for size in args.sizes.split(",") if size.strip()] if args.sizes
+        sizes = (size_list(args.sizes) if args.sizes
                  else [25, 50, 100, 200] if args.fast else list(sparse_and.SWEEP_SIZES))
         sweep = sparse_and.sample_complexity(config, sizes=sizes, seeds=seeds,
                                              sparsity=args.sparsity, progress=not args.quiet,
@@ -476,11 +489,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--length and --dim must be at least 1")
     if getattr(args, "epochs", None) is not None and args.epochs < 1:
         parser.error("--epochs must be at least 1")
-    if getattr(args, "seeds", None) is not None:
-        try:
+    try:
+        if getattr(args, "seeds", None) is not None:
             seed_list(args.seeds, args.seed)
-        except ValueError as error:
-            parser.error(str(error))
+        if getattr(args, "sizes", None) is not None:
+            size_list(args.sizes)
+    except ValueError as error:
+        parser.error(str(error))
+    if getattr(args, "sparsity", 1) < 1:
+        parser.error("--sparsity must be at least 1")
     from .tasks.sparse_and import GeneratorError
     from .train import CheckpointError, resolve_device
     if hasattr(args, "device"):

@@ -326,6 +326,9 @@ def test_sample_complexity_command(tmp_path):
     (("sparse-and", "--seeds", "1,1"), "--seeds must list distinct seeds"),
     (("sparse-and", "--generator", "dense"), "argument --generator: invalid choice"),
     (("rule-and", "--seeds", "-2"), "--seeds must be a count N >= 1"),
+    (("sparse-and", "--sample-complexity", "--sizes", "50,25"), "--sizes must be increasing"),
+    (("sparse-and", "--sample-complexity", "--sizes", "a"), "--sizes must be increasing"),
+    (("sparse-and", "--sample-complexity", "--sparsity", "0"), "--sparsity must be at least 1"),
 ])
 def test_bad_command_line_exits_nonzero_with_one_line(args, message, capsys):
     with pytest.raises(SystemExit) as exited:

@@ -245,6 +245,12 @@ def process_group(device: str | torch.device | None = None) -> Iterator[tuple[in
         dist.init_process_group("gloo")
     try:
         yield dist.get_rank(), dist.get_world_size()
+        # Every process is done before the group goes. gloo's worker threads release the
+        # tensors of a finished collective after the caller has moved on, and a release that
+        # needs the interpreter while it shuts down aborts the process ("terminate called
+        # without an active exception"); the barrier's wait lets them finish that first.
+        # Not after an exception: the other processes may never arrive.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

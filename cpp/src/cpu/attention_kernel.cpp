@@ -10,6 +10,7 @@
 #include "cpu/blas.h"
 #include "cpu/small_attention.h"
 #include "cpu/softmax_rows.h"
+#include "cpu/vec_math.h"
 
 namespace attnlab::cpu {
 namespace {
@@ -64,7 +65,7 @@ void finish_rows(T* x, int64_t rows, int64_t cols, int64_t ld, const T* row_max,
   for (int64_t r = 0; r < rows; ++r) {
     const bool none = row_sum[r] == T(0);
     inv_sum[r] = none ? T(0) : T(1) / row_sum[r];
-    lse[r] = none ? -std::numeric_limits<T>::infinity() : row_max[r] + std::log(row_sum[r]);
+    lse[r] = none ? -std::numeric_limits<T>::infinity() : row_max[r] + log_positive(row_sum[r]);
   }
   scale_rows(x, rows, cols, ld, inv_sum);
 }

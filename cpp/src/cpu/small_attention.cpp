@@ -93,6 +93,8 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     }
     alignas(64) T p[kGroup][L];
     bool row_live[kGroup];
+    // The rows' maxima and sums; their logs are taken together after the group, in one vector.
+    T row_maxima[kGroup] = {}, sums[kGroup] = {T(1), T(1), T(1), T(1)};
     for (int64_t i = 0; i < group; ++i) {
       const int64_t r = r0 + i;
       Vec<T> si = s[i] * scale;
@@ -123,10 +125,16 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
       Vec<T> e;
       std::memcpy(&e, p[i], sizeof(e));
       const T sum = reduce_lanes<T>(e, sum_op);
-      lse[r] = row_max + std::log(sum);
+      row_maxima[i] = row_max;
+      sums[i] = sum;
       e *= T(1) / sum;
       std::memcpy(p[i], &e, sizeof(e));
       if (w) std::memcpy(w, p[i], len_k * sizeof(T));
+    }
+    T logs[kGroup];
+    for (int64_t i = 0; i < kGroup; ++i) logs[i] = log_positive(sums[i]);
+    for (int64_t i = 0; i < group; ++i) {
+      if (row_live[i]) lse[r0 + i] = row_maxima[i] + logs[i];
     }
     for (int64_t c = 0; c < value_vectors; ++c) {
       Vec<T> acc[kGroup] = {};

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include "cpu/isa.h"
 
@@ -39,6 +40,36 @@ ATTNLAB_INLINE float exp_nonpositive(float x) {
   return y * two_n;
 }
 ATTNLAB_INLINE double exp_nonpositive(double x) { return std::exp(x); }
+
+// log(x) for positive normal x in float, branch-free so that it vectorizes: x = m·2^e with m in
+// [√½, √2), log(1 + f) for f = m − 1 from a degree-9 polynomial (Cephes' logf coefficients), e·ln2
+// added in two parts. Relative error about 1e-7. +inf and NaN are returned as they are; zero,
+// negative and subnormal x are outside its domain (the softmax sums it takes are >= 1).
+ATTNLAB_INLINE float log_positive(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const int32_t mantissa_bits = (bits & 0x007fffff) | 0x3f800000;
+  float m;
+  std::memcpy(&m, &mantissa_bits, sizeof(m));  // in [1, 2)
+  const bool upper = m > 1.41421356237f;
+  m = upper ? 0.5f * m : m;
+  const float e = static_cast<float>((bits >> 23) - 127 + (upper ? 1 : 0));
+  const float f = m - 1.0f;
+  const float z = f * f;
+  float p = 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  float y = f * z * p + e * -2.12194440e-4f - 0.5f * z;
+  y = f + y + e * 0.693359375f;
+  return x == x && x < std::numeric_limits<float>::infinity() ? y : x;
+}
+ATTNLAB_INLINE double log_positive(double x) { return std::log(x); }
 
 // tanh(x) = sign(x)·(1 − e)/(1 + e) with e = exp(−2|x|) ∈ (0, 1]: branch-free, exact in its
 // limits (±1 for large |x|). Absolute error about 1e-7 (relative error grows as |x| → 0,

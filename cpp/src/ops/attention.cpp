@@ -3,10 +3,6 @@
 
 #include <cmath>
 
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
-
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/autograd.h>
@@ -22,69 +18,6 @@ namespace attnlab {
 namespace {
 
 using at::Tensor;
-
-double resolve_scale(std::optional<double> scale, int64_t dim_qk) {
-  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dim_qk));
-}
-
-// An empty tensor for the attention weights. Large ones are backed by transparent huge pages
-// where the kernel allows it: the buffer is written once in full, and first-touch page faults
-// on 4 KiB pages otherwise cost several times the softmax itself.
-Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
-  Tensor weights = at::empty(shape, options);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHugePage = uintptr_t(1) << 21;
-  const auto begin = reinterpret_cast<uintptr_t>(weights.data_ptr());
-  const uintptr_t end = begin + weights.nbytes();
-  const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t last = end & ~(kHugePage - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-#endif
-  return weights;
-}
-
-// Keeps t's memory when each matrix row is contiguous and rows do not overlap, so that BLAS can
-// use the row stride as its leading dimension; copies otherwise.
-Tensor rows_contiguous(const Tensor& t) {
-  const bool inner_ok = t.size(-1) <= 1 || t.stride(-1) == 1;
-  const bool rows_ok = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
-  return inner_ok && rows_ok ? t : t.contiguous();
-}
-
-// Everything the kernels need, with the storage it points into.
-template <typename T>
-struct PreparedProblem {
-  cpu::AttentionProblem<T> problem;
-  std::vector<int64_t> batch;
-  Tensor query, key, value, mask;
-  std::vector<int64_t> q_offsets, k_offsets, v_offsets, mask_offsets;
-
-  PreparedProblem(const Tensor& q, const Tensor& k, const Tensor& v,
-                  const std::optional<Tensor>& attn_mask, bool is_causal,
-                  std::optional<double> scale, std::vector<int64_t> batch_shape)
-      : batch(std::move(batch_shape)),
-        query(rows_contiguous(q)),
-        key(rows_contiguous(k)),
-        value(rows_contiguous(v)) {
-    auto& p = problem;
-    p.batch = c10::multiply_integers(batch);
-    p.len_q = q.size(-2);
-    p.len_k = k.size(-2);
-    p.dim_qk = q.size(-1);
-    p.dim_v = v.size(-1);
-    p.causal = is_causal;
-    p.scale = static_cast<T>(resolve_scale(scale, p.dim_qk));
-    p.query = batched_rows<T>(query, batch, q_offsets);
-    p.key = batched_rows<T>(key, batch, k_offsets);
-    p.value = batched_rows<T>(value, batch, v_offsets);
-    if (attn_mask && attn_mask->defined()) {
-      mask = additive_mask(*attn_mask, q, p.len_k);
-      const Tensor rows = mask.expand(with_tail(batch, {p.len_q, p.len_k}));
-      p.mask = batched_rows<T>(rows, batch, mask_offsets);
-      p.mask.row_stride = rows.stride(-2);  // 0 when one mask row serves every query
-    }
-  }
-};
 
 bool reduced_precision(const Tensor& t) { return at::isReducedFloatingType(t.scalar_type()); }
 

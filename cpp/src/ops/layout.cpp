@@ -1,6 +1,12 @@
 #include "ops/layout.h"
 
+#include <cmath>
+#include <cstdint>
 #include <limits>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 namespace attnlab {
 
@@ -25,6 +31,29 @@ at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& query, int64_
     m = m.expand(shape).contiguous();
   }
   return m;
+}
+
+double resolve_scale(std::optional<double> scale, int64_t dim_qk) {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dim_qk));
+}
+
+at::Tensor rows_contiguous(const at::Tensor& t) {
+  const bool inner_ok = t.size(-1) <= 1 || t.stride(-1) == 1;
+  const bool rows_ok = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
+  return inner_ok && rows_ok ? t : t.contiguous();
+}
+
+at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
+  at::Tensor weights = at::empty(shape, options);
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t kHugePage = uintptr_t(1) << 21;
+  const auto begin = reinterpret_cast<uintptr_t>(weights.data_ptr());
+  const uintptr_t end = begin + weights.nbytes();
+  const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
+  const uintptr_t last = end & ~(kHugePage - 1);
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#endif
+  return weights;
 }
 
 }  // namespace attnlab

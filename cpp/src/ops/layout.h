@@ -1,8 +1,10 @@
 #pragma once
-// Tensors laid out for the CPU kernels: batch shapes, strided batches of rows, additive masks.
-// Shared by the attention and encoder-block operators.
+// Tensors laid out for the CPU kernels: batch shapes, strided batches of rows, additive masks,
+// the weights buffer and a whole attention problem. Shared by the attention (softmax and sparse)
+// and encoder-block operators.
 
 #include <initializer_list>
+#include <optional>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -42,5 +44,52 @@ cpu::BatchedRows<T> batched_rows(const at::Tensor& t, at::IntArrayRef batch,
   const int64_t row_stride = e.size(-2) <= 1 ? std::max<int64_t>(1, e.size(-1)) : e.stride(-2);
   return {e.data_ptr<T>(), offsets.data(), row_stride};
 }
+
+// The softmax scale: `scale`, else 1/sqrt(dim_qk).
+double resolve_scale(std::optional<double> scale, int64_t dim_qk);
+
+// Keeps t's memory when each matrix row is contiguous and rows do not overlap, so that BLAS can
+// use the row stride as its leading dimension; copies otherwise.
+at::Tensor rows_contiguous(const at::Tensor& t);
+
+// An empty tensor for the attention weights. Large ones are backed by transparent huge pages
+// where the kernel allows it: the buffer is written once in full, and first-touch page faults
+// on 4 KiB pages otherwise cost several times the normalizer itself.
+at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options);
+
+// Everything the CPU attention kernels need, with the storage it points into.
+template <typename T>
+struct PreparedProblem {
+  cpu::AttentionProblem<T> problem;
+  std::vector<int64_t> batch;
+  at::Tensor query, key, value, mask;
+  std::vector<int64_t> q_offsets, k_offsets, v_offsets, mask_offsets;
+
+  PreparedProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const std::optional<at::Tensor>& attn_mask, bool is_causal,
+                  std::optional<double> scale, std::vector<int64_t> batch_shape)
+      : batch(std::move(batch_shape)),
+        query(rows_contiguous(q)),
+        key(rows_contiguous(k)),
+        value(rows_contiguous(v)) {
+    auto& p = problem;
+    p.batch = c10::multiply_integers(batch);
+    p.len_q = q.size(-2);
+    p.len_k = k.size(-2);
+    p.dim_qk = q.size(-1);
+    p.dim_v = v.size(-1);
+    p.causal = is_causal;
+    p.scale = static_cast<T>(resolve_scale(scale, p.dim_qk));
+    p.query = batched_rows<T>(query, batch, q_offsets);
+    p.key = batched_rows<T>(key, batch, k_offsets);
+    p.value = batched_rows<T>(value, batch, v_offsets);
+    if (attn_mask && attn_mask->defined()) {
+      mask = additive_mask(*attn_mask, q, p.len_k);
+      const at::Tensor rows = mask.expand(with_tail(batch, {p.len_q, p.len_k}));
+      p.mask = batched_rows<T>(rows, batch, mask_offsets);
+      p.mask.row_stride = rows.stride(-2);  // 0 when one mask row serves every query
+    }
+  }
+};
 
 }  // namespace attnlab

@@ -6,10 +6,6 @@
 
 #include <cmath>
 
-#ifdef __linux__
-#include <sys/mman.h>
-#endif
-
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <torch/autograd.h>
@@ -26,74 +22,12 @@ using at::Tensor;
 
 constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
 
-double resolve_scale(std::optional<double> scale, int64_t dim_qk) {
-  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(dim_qk));
-}
-
-// Keeps t's memory when each matrix row is contiguous and rows do not overlap (BLAS reads the
-// row stride as its leading dimension); copies otherwise.
-Tensor rows_contiguous(const Tensor& t) {
-  const bool inner_ok = t.size(-1) <= 1 || t.stride(-1) == 1;
-  const bool rows_ok = t.size(-2) <= 1 || t.stride(-2) >= t.size(-1);
-  return inner_ok && rows_ok ? t : t.contiguous();
-}
-
-// The weights buffer, on transparent huge pages where it is large (it is written once in full,
-// and first-touch faults on 4 KiB pages cost more than the normalizer).
-Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
-  Tensor weights = at::empty(shape, options);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHugePage = uintptr_t(1) << 21;
-  const auto begin = reinterpret_cast<uintptr_t>(weights.data_ptr());
-  const uintptr_t end = begin + weights.nbytes();
-  const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t last = end & ~(kHugePage - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-#endif
-  return weights;
-}
-
 // The CPU kernels' dtypes (float32, float64), named in the error.
 void cpu_dtype(const Tensor& query) {
   TORCH_CHECK(query.scalar_type() == at::kFloat || query.scalar_type() == at::kDouble, kSdpa,
               ": the sparse normalizers (sparsemax, entmax15, entmax) run in float32 or float64 "
               "on the CPU, got ", query.scalar_type());
 }
-
-// The problem as the kernels see it, with the storage it points into.
-template <typename T>
-struct SparseProblem {
-  cpu::AttentionProblem<T> problem;
-  std::vector<int64_t> batch;
-  Tensor query, key, value, mask;
-  std::vector<int64_t> q_offsets, k_offsets, v_offsets, mask_offsets;
-
-  SparseProblem(const Tensor& q, const Tensor& k, const Tensor& v,
-                const std::optional<Tensor>& attn_mask, bool is_causal,
-                std::optional<double> scale, std::vector<int64_t> batch_shape)
-      : batch(std::move(batch_shape)),
-        query(rows_contiguous(q)),
-        key(rows_contiguous(k)),
-        value(rows_contiguous(v)) {
-    auto& p = problem;
-    p.batch = c10::multiply_integers(batch);
-    p.len_q = q.size(-2);
-    p.len_k = k.size(-2);
-    p.dim_qk = q.size(-1);
-    p.dim_v = v.size(-1);
-    p.causal = is_causal;
-    p.scale = static_cast<T>(resolve_scale(scale, p.dim_qk));
-    p.query = batched_rows<T>(query, batch, q_offsets);
-    p.key = batched_rows<T>(key, batch, k_offsets);
-    p.value = batched_rows<T>(value, batch, v_offsets);
-    if (attn_mask && attn_mask->defined()) {
-      mask = additive_mask(*attn_mask, q, p.len_k);
-      const Tensor rows = mask.expand(with_tail(batch, {p.len_q, p.len_k}));
-      p.mask = batched_rows<T>(rows, batch, mask_offsets);
-      p.mask.row_stride = rows.stride(-2);  // 0 when one mask row serves every query
-    }
-  }
-};
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
     const Tensor& query, const Tensor& key, const Tensor& value,
@@ -119,7 +53,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
   Tensor weights = need_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
                                 : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sparse_sdpa_forward", [&] {
-    SparseProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     cpu::sparse_attention_forward<scalar_t>(
         prepared.problem, alpha, output.data_ptr<scalar_t>(), tau.data_ptr<scalar_t>(),
         support_value.data_ptr<scalar_t>(),
@@ -163,7 +97,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
   Tensor grad_m = mask_grad ? at::empty(with_tail(batch, {len_q, len_k}), options)
                             : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sparse_sdpa_backward", [&] {
-    SparseProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     std::vector<int64_t> grad_offsets;
     const Tensor grad_rows = rows_contiguous(grad_output);
     const auto grad = batched_rows<scalar_t>(grad_rows, batch, grad_offsets);

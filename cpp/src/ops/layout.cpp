@@ -2,7 +2,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #ifdef __linux__
 #include <sys/mman.h>
@@ -43,17 +47,89 @@ at::Tensor rows_contiguous(const at::Tensor& t) {
   return inner_ok && rows_ok ? t : t.contiguous();
 }
 
-at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
-  at::Tensor weights = at::empty(shape, options);
+namespace {
+
+// Freed weight buffers, kept for the next call that needs as many bytes. A buffer of tens of
+// MiB is otherwise mapped fresh by every call and the kernel zeroes each of its pages on first
+// touch: at (8, 8, 512, 64) that zeroing was 60 % of what need_weights added to a forward.
+// At most kMaxBlocks buffers and kMaxHeld bytes wait here; the oldest go back to the system.
+class WeightsPool {
+ public:
+  static WeightsPool& instance() {
+    static auto* pool = new WeightsPool;  // never destroyed: tensors may outlive static exit
+    return *pool;
+  }
+
+  // A buffer of at least `bytes` (and `capacity` bytes in all): a kept one when one of
+  // between 1 and 2 times the size waits, else a new one on huge pages where the kernel has
+  // them.
+  void* take(size_t bytes, size_t& capacity) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->second >= bytes && it->second <= 2 * bytes &&
+            (best == free_.end() || it->second < best->second)) {
+          best = it;
+        }
+      }
+      if (best != free_.end()) {
+        void* data = best->first;
+        capacity = best->second;
+        held_ -= capacity;
+        free_.erase(best);
+        return data;
+      }
+    }
+    capacity = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* data = nullptr;
+    if (posix_memalign(&data, kHugePage, capacity) != 0) data = nullptr;
+    TORCH_CHECK_WITH(OutOfMemoryError, data != nullptr, "attnlab.scaled_dot_product_attention: could not "
+                      "allocate ", capacity, " bytes for the attention weights");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr uintptr_t kHugePage = uintptr_t(1) << 21;
-  const auto begin = reinterpret_cast<uintptr_t>(weights.data_ptr());
-  const uintptr_t end = begin + weights.nbytes();
-  const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
-  const uintptr_t last = end & ~(kHugePage - 1);
-  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+    madvise(data, capacity, MADV_HUGEPAGE);
 #endif
-  return weights;
+    return data;
+  }
+
+  void give(void* data, size_t capacity) {
+    std::vector<void*> release;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      free_.emplace_back(data, capacity);
+      held_ += capacity;
+      while (free_.size() > kMaxBlocks || held_ > kMaxHeld) {
+        release.push_back(free_.front().first);
+        held_ -= free_.front().second;
+        free_.erase(free_.begin());
+      }
+    }
+    for (void* block : release) std::free(block);
+  }
+
+  static constexpr size_t kHugePage = size_t(1) << 21;
+  static constexpr size_t kMaxBlocks = 4;
+  static constexpr size_t kMaxHeld = size_t(512) << 20;
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::pair<void*, size_t>> free_;  // oldest first
+  size_t held_ = 0;
+};
+
+}  // namespace
+
+at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
+  const size_t bytes = c10::multiply_integers(shape) * options.dtype().itemsize();
+  // Below 2 MiB malloc keeps freed memory for reuse itself.
+  if (options.device().type() != at::kCPU || bytes < WeightsPool::kHugePage) {
+    return at::empty(shape, options);
+  }
+  size_t capacity = 0;
+  void* data = WeightsPool::instance().take(bytes, capacity);
+  return at::from_blob(
+      data, shape, [capacity](void* block) { WeightsPool::instance().give(block, capacity); },
+      options);
 }
 
 }  // namespace attnlab

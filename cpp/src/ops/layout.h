@@ -52,9 +52,10 @@ double resolve_scale(std::optional<double> scale, int64_t dim_qk);
 // use the row stride as its leading dimension; copies otherwise.
 at::Tensor rows_contiguous(const at::Tensor& t);
 
-// An empty tensor for the attention weights. Large ones are backed by transparent huge pages
-// where the kernel allows it: the buffer is written once in full, and first-touch page faults
-// on 4 KiB pages otherwise cost several times the normalizer itself.
+// An empty CPU tensor for the attention weights (every element is written by the kernels).
+// Large ones come from a small pool of freed weight buffers (at most 4 and 512 MiB wait
+// there), else from new memory on transparent huge pages where the kernel allows it: fresh
+// pages cost a page fault and the kernel's zeroing each, several times the normalizer itself.
 at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options);
 
 // Everything the CPU attention kernels need, with the storage it points into.

@@ -1,5 +1,9 @@
 #include "cpu/small_attention.h"
 
+// The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
+// per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,10 +13,6 @@
 #include "cpu/isa.h"
 #include "cpu/vec_math.h"
 #include "cpu/vec_lanes.h"
-
-// The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
-// per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace attnlab::cpu {
 namespace {

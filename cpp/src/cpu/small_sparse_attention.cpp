@@ -1,5 +1,9 @@
 #include "cpu/small_sparse_attention.h"
 
+// The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
+// per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -7,10 +11,6 @@
 
 #include "cpu/isa.h"
 #include "cpu/vec_lanes.h"
-
-// The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
-// per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace attnlab::cpu {
 namespace {
@@ -55,10 +55,29 @@ ATTNLAB_INLINE Vec<T> row_scores(Vec<T> s, T scale, const T* mask_row, int64_t l
   return lane < static_cast<T>(visible) ? s : -kInf<T>;
 }
 
+using Doubles8 = Vec<double>;
+
+// The float lanes of x as two vectors of eight doubles.
+ATTNLAB_INLINE void halves(const Vec<float>& x, Doubles8* lo, Doubles8* hi) {
+  typedef float Floats8 __attribute__((vector_size(32)));
+  const Floats8 l = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+  const Floats8 h = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  *lo = __builtin_convertvector(l, Doubles8);
+  *hi = __builtin_convertvector(h, Doubles8);
+}
+ATTNLAB_INLINE Doubles8 halves_sum(const Vec<float>& x) {
+  Doubles8 lo, hi;
+  halves(x, &lo, &hi);
+  return lo + hi;
+}
+
 // The threshold of one row of values c = (α − 1)·(z − max z) (−inf on hidden keys, 0 at the
-// max), relative to the max: see the header. Returns τ (double) and sets *in to the support.
+// max), relative to the max: see the header. Returns τ (double), sets *in to the support (1 or
+// 0 per lane) and *support_sum to Σ_j s_j there (sparsemax: the support's size; entmax-1.5:
+// Σ_j [c_j − τ]_+).
 template <typename T, bool kEntmax15>
-ATTNLAB_INLINE double lane_threshold(const Vec<T>& c, int64_t len_k, Vec<T>* in) {
+ATTNLAB_INLINE double lane_threshold(const Vec<T>& c, int64_t len_k, Vec<T>* in,
+                                     double* support_sum) {
   constexpr int64_t L = kLanes<T>;
   alignas(64) T values[L];
   std::memcpy(values, &c, sizeof(values));
@@ -86,23 +105,32 @@ ATTNLAB_INLINE double lane_threshold(const Vec<T>& c, int64_t len_k, Vec<T>* in)
     member = (T(1) + safe_count * safe_c > sum) & finite ? T(1) : T(0);
   }
   *in = member;
-  // τ from the support's sums, in double.
-  alignas(64) T flags[L];
-  std::memcpy(flags, &member, sizeof(flags));
-  double n = 0, s1 = 0, s2 = 0;
-  for (int64_t j = 0; j < len_k; ++j) {
-    if (flags[j] == T(0)) continue;
-    const double y = values[j];
-    n += 1;
-    s1 += y;
-    s2 += y * y;
-  }
-  if constexpr (kEntmax15) {
-    const double mean = s1 / n, ss = std::max(0.0, s2 - s1 * mean);
-    return mean - std::sqrt(std::max(0.0, 1 - ss) / n);
+  // τ from the support's sums, in double lanes (branch-free: hidden keys hold 0 in safe_c).
+  Doubles8 n, s1, s2;
+  if constexpr (sizeof(T) == sizeof(double)) {
+    n = member;
+    s1 = member * safe_c;
+    s2 = s1 * safe_c;
   } else {
-    return (s1 - 1) / n;
+    n = halves_sum(member);
+    Doubles8 lo, hi;
+    halves(member * safe_c, &lo, &hi);
+    s1 = lo + hi;
+    s2 = lo * lo + hi * hi;
   }
+  const auto add = [](Doubles8 a, Doubles8 b) { return a + b; };
+  const double size = reduce_lanes<double>(n, add), sum1 = reduce_lanes<double>(s1, add);
+  double tau;
+  if constexpr (kEntmax15) {
+    const double sum2 = reduce_lanes<double>(s2, add);
+    const double mean = sum1 / size, ss = std::max(0.0, sum2 - sum1 * mean);
+    tau = mean - std::sqrt(std::max(0.0, 1 - ss) / size);
+    *support_sum = sum1 - size * tau;  // Σ_j [c_j − τ]_+
+  } else {
+    tau = (sum1 - 1) / size;
+    *support_sum = size;
+  }
+  return tau;
 }
 
 template <typename T, bool kEntmax15>
@@ -122,7 +150,6 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
   for (int64_t j = 0; j < len_k; ++j) row_vectors(v + j * ldv, dim_v, vp + j * value_vectors);
   const Vec<T> lane = lane_index<T>();
   const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
-  const auto sum_op = [](Vec<T> a, Vec<T> b) { return a + b; };
 
   for (int64_t r0 = 0; r0 < rows; r0 += kGroup) {
     const int64_t group = std::min(kGroup, rows - r0);
@@ -139,13 +166,13 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
       const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
       const Vec<T> z =
           row_scores(s[i], scale, mask ? mask + r * mask_ld : nullptr, len_k, visible, lane);
-      const T row_max = reduce_lanes<T>(z == z ? z : -kInf<T>, max_op);
-      const bool has_nan = reduce_lanes<T>(z != z ? Vec<T>{} + 1 : Vec<T>{}, max_op) > 0;
+      // A NaN counts as +inf here: either makes the row NaN (a +inf score has no finite
+      // threshold).
+      const T row_max = reduce_lanes<T>(z == z ? z : kInf<T>, max_op);
       T* w = weights ? weights + r * ld_weights : nullptr;
-      if (has_nan || row_max == kInf<T> || row_max == -kInf<T>) {
-        // NaN in (or a +inf score, which has no finite threshold): NaN out; nothing visible:
-        // zeros and τ = +inf.
-        const bool nan = row_max != -kInf<T> || has_nan;
+      if (row_max == kInf<T> || row_max == -kInf<T>) {
+        // NaN out, or nothing visible: zeros and τ = +inf.
+        const bool nan = row_max == kInf<T>;
         const T fill = nan ? kNaN<T> : T(0);
         std::fill(out + r * dim_v, out + (r + 1) * dim_v, fill);
         std::fill(support_value + r * dim_v, support_value + (r + 1) * dim_v, fill);
@@ -159,7 +186,8 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
       row_live[i] = true;
       const Vec<T> c = static_cast<T>(am1) * (z - row_max);
       Vec<T> in;
-      const double tau_rel = lane_threshold<T, kEntmax15>(c, len_k, &in);
+      double support_sum;
+      const double tau_rel = lane_threshold<T, kEntmax15>(c, len_k, &in, &support_sum);
       const Vec<T> d = c - static_cast<T>(tau_rel);
       const auto kept = (in != T(0)) & (d > T(0));
       const Vec<T> dp = kept ? d : T(0);
@@ -171,7 +199,7 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
         pi = dp;
         si = kept ? T(1) : T(0);
       }
-      si *= T(1) / reduce_lanes<T>(si, sum_op);
+      si *= static_cast<T>(1 / support_sum);
       std::memcpy(p[i], &pi, sizeof(pi));
       std::memcpy(sn[i], &si, sizeof(si));
       if (w) store_part(w, pi, len_k);

@@ -86,24 +86,27 @@ ATTNLAB_INLINE double lane_threshold(const Vec<T>& c, int64_t len_k, Vec<T>* in,
   for (int64_t j = 0; j < len_k; ++j) {
     const T y = values[j];
     if (y == -kInf<T>) continue;  // a hidden key: in no candidate support
-    const auto at_least = y >= c;
-    count += at_least ? T(1) : T(0);
-    sum += at_least ? y : T(0);
-    if constexpr (kEntmax15) sum_sq += at_least ? y * y : T(0);
+    // (Each comparison written into its select: a comparison kept as a value of its own is
+    // lowered lane by lane.)
+    count += y >= c ? T(1) : T(0);
+    sum += y >= c ? y : T(0);
+    if constexpr (kEntmax15) sum_sq += y >= c ? y * y : T(0);
   }
-  const auto finite = c != -kInf<T>;
-  const Vec<T> safe_c = finite ? c : T(0), safe_count = finite ? count : T(1);
-  Vec<T> member;
+  const Vec<T> safe_c = c == -kInf<T> ? T(0) : c, safe_count = c == -kInf<T> ? T(1) : count;
+  // Positive exactly for the support's lanes.
+  Vec<T> test;
   if constexpr (kEntmax15) {
     // y_j above the closed-form threshold mean − sqrt((1 − ss)/k) of its candidate support:
     // k·(mean − y_j)² < 1 − ss (mean ≥ y_j there).
     const Vec<T> mean = sum / safe_count;
     const Vec<T> ss = sum_sq - sum * mean;
     const Vec<T> gap = mean - safe_c;
-    member = (safe_count * gap * gap < T(1) - ss) & finite ? T(1) : T(0);
+    test = (T(1) - ss) - safe_count * gap * gap;
   } else {
-    member = (T(1) + safe_count * safe_c > sum) & finite ? T(1) : T(0);
+    test = (T(1) + safe_count * safe_c) - sum;
   }
+  test = c == -kInf<T> ? T(-1) : test;
+  const Vec<T> member = test > T(0) ? T(1) : T(0);
   *in = member;
   // τ from the support's sums, in double lanes (branch-free: hidden keys hold 0 in safe_c).
   Doubles8 n, s1, s2;
@@ -189,15 +192,14 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
       double support_sum;
       const double tau_rel = lane_threshold<T, kEntmax15>(c, len_k, &in, &support_sum);
       const Vec<T> d = c - static_cast<T>(tau_rel);
-      const auto kept = (in != T(0)) & (d > T(0));
-      const Vec<T> dp = kept ? d : T(0);
+      const Vec<T> dp = in * (d > T(0) ? d : T(0));  // in: 1 on the support, else 0
       Vec<T> pi, si;
       if constexpr (kEntmax15) {
         pi = dp * dp;
         si = dp;
       } else {
         pi = dp;
-        si = kept ? T(1) : T(0);
+        si = dp > T(0) ? T(1) : T(0);
       }
       si *= static_cast<T>(1 / support_sum);
       std::memcpy(p[i], &pi, sizeof(pi));

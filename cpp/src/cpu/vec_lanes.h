@@ -13,6 +13,9 @@
 #include "cpu/vec_transpose.h"
 
 namespace attnlab::cpu {
+// Internal linkage: the helpers exist only inlined, and GCC notes an ABI change for 64-byte
+// vector parameters of functions that could be called from elsewhere.
+namespace {
 
 // a rotated down by S lanes.
 template <typename T, int S, int... I>
@@ -72,4 +75,5 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
   for (int64_t c = 0; c * L < dim; ++c) out[c] = load_part(row + c * L, std::min(L, dim - c * L));
 }
 
+}  // namespace
 }  // namespace attnlab::cpu

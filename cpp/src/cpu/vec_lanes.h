@@ -41,15 +41,25 @@ ATTNLAB_INLINE Vec<T> load_part(const T* src, int64_t n) {
   if (n == kLanes<T>) {
     std::memcpy(&v, src, sizeof(v));
   } else {
-    std::memcpy(&v, src, n * sizeof(T));
+    for (int64_t j = 0; j < kLanes<T>; ++j) {  // masked, as in store_part below
+      if (j < n) v[j] = src[j];
+    }
   }
   return v;
 }
 
-// The first n <= lanes elements of v.
+// The first n <= lanes elements of v: one vector store when whole, else a masked store (a
+// memcpy of variable length became a `rep movs`, whose start-up cost more than the kernels'
+// arithmetic at these sizes).
 template <typename T>
 ATTNLAB_INLINE void store_part(T* dst, const Vec<T>& v, int64_t n) {
-  std::memcpy(dst, &v, n * sizeof(T));
+  if (n == kLanes<T>) {
+    std::memcpy(dst, &v, sizeof(v));
+    return;
+  }
+  for (int64_t j = 0; j < kLanes<T>; ++j) {
+    if (j < n) dst[j] = v[j];
+  }
 }
 
 // Kᵀ (or Vᵀ) of up to one vector of rows: out[e] holds feature e of every row, one row per lane.

@@ -615,3 +615,139 @@ def test_half_precision_on_the_cpu_computes_in_float32(normalizer, dtype):
     assert ((weights == 0) == (ref_w == 0)).all()  # the same exact zeros
     out.float().sum().backward()
     assert q.grad.dtype == dtype and torch.isfinite(q.grad).all()
+
+
+# ---- the register-resident path: every key in one vector -------------------------------------
+# Sparsemax and entmax-1.5 take it when L_k <= 16 (float32) or 8 (float64) and E, E_v <= 256;
+# the cases sit just below and above those limits, so that both paths are checked against the
+# reference at the same settings.
+
+SMALL_LIMIT = {torch.float32: 16, torch.float64: 8}
+SMALL_NORMALIZERS = [("sparsemax", None), ("entmax15", None)]
+SMALL_CASES = [
+    # (dtype, len_k, dim, dim_v)
+    (dtype, SMALL_LIMIT[dtype] + dk, dim, dim_v)
+    for dtype in (torch.float32, torch.float64)
+    for dk in (-1, 0, 1)
+    for dim, dim_v in ((1, 1), (17, 33))
+] + [(torch.float32, 10, 256, 256), (torch.float32, 10, 257, 8), (torch.float64, 8, 8, 256),
+     (torch.float64, 8, 8, 257)]
+
+
+def small_problem(dtype, len_q, len_k, dim, dim_v, seed):
+    q = make(2, 3, len_q, dim, seed=seed, dtype=dtype, scale=2.0 / math.sqrt(dim) ** 0.5)
+    k = make(2, 3, len_k, dim, seed=seed + 1, dtype=dtype, scale=2.0 / math.sqrt(dim) ** 0.5)
+    v = make(2, 3, len_k, dim_v, seed=seed + 2, dtype=dtype)
+    mask = make(3, len_q, len_k, seed=seed + 3, dtype=dtype)  # float, broadcast over the batch
+    mask = mask.masked_fill(make(len_q, len_k, seed=seed + 4) > 1.0, -math.inf)
+    mask[:, 1] = -math.inf  # query row 1: every key masked
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("case", SMALL_CASES, ids=lambda c: f"{str(c[0])[-7:]}-Lk{c[1]}-E{c[2]}-Ev{c[3]}")
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+def test_small_path_limits_forward_and_gradients(normalizer, alpha, case):
+    dtype, len_k, dim, dim_v = case
+    a = ref.alpha_of(normalizer, alpha)
+    for len_q, causal in ((len_k - 2, False), (len_k + 3, True), (6, True)):
+        q, k, v, mask = small_problem(dtype, len_q, len_k, dim, dim_v, seed=130 + len_k + dim)
+        output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(
+            q, k, v, mask, causal, None, True, a)
+        ref_out, ref_w, ref_tau = ref.attention(q, k, v, mask, causal, None, normalizer, alpha)
+        assert_close(output, ref_out, "output", dtype)
+        assert_close(weights, ref_w, "weights", dtype)
+        assert torch.all(weights[..., 1, :] == 0) and torch.all(output[..., 1, :] == 0)
+        seen = torch.isfinite(ref_tau)
+        assert torch.equal(torch.isinf(tau), ~seen)
+        assert_close(tau[seen], ref_tau[seen], "tau", dtype)
+        s_ref = torch.where(ref_w > 0, ref_w.clamp(min=1e-300) ** (2 - a), torch.zeros_like(ref_w))
+        u_ref = (s_ref @ v.double()) / s_ref.sum(-1, keepdim=True).clamp(min=1e-300)
+        assert_close(support_value, u_ref, "support_value", dtype, gradient=True)
+        # Exact zeros where the reference is clearly off the support.
+        sure = gaps(q, k, mask, causal, None, normalizer, alpha) > (1e-9 if dtype == torch.float64 else 1e-5)
+        assert torch.equal((weights == 0)[sure], (ref_w == 0)[sure])
+        # Gradients, P recomputed from tau and read from the weights.
+        grad = make(*output.shape, seed=31, dtype=dtype)
+        ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, mask)]
+        ref_o, _, _ = ref.attention(*ref_leaves[:3], ref_leaves[3], causal, None, normalizer, alpha)
+        ref_grads = torch.autograd.grad(ref_o, ref_leaves, grad.double())
+        for need_weights in (False, True):
+            leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
+            out, _ = sdpa(*leaves[:3], leaves[3], causal, None, need_weights, normalizer, alpha)
+            grads = torch.autograd.grad(out, leaves, grad)
+            for name, got, want in zip(["query", "key", "value", "attn_mask"], grads, ref_grads):
+                assert_close(got, want, f"gradient of {name} (need_weights={need_weights})",
+                             dtype, gradient=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+def test_small_path_agrees_with_the_blocked_path(normalizer, alpha, dtype):
+    # One more key, masked out everywhere, sends the same problem down the blocked path.
+    limit = SMALL_LIMIT[dtype]
+    q, k, v, mask = small_problem(dtype, 12, limit, 16, 24, seed=150)
+    k_extra = torch.cat([k, make(2, 3, 1, 16, seed=151, dtype=dtype)], dim=-2)
+    v_extra = torch.cat([v, make(2, 3, 1, 24, seed=152, dtype=dtype)], dim=-2)
+    mask_extra = torch.cat([mask, torch.full((3, 12, 1), -math.inf, dtype=dtype)], dim=-1)
+    for causal in (False, True):
+        out, w = sdpa(q, k, v, mask, causal, need_weights=True, normalizer=normalizer, alpha=alpha)
+        out_b, w_b = sdpa(q, k_extra, v_extra, mask_extra, causal, need_weights=True,
+                          normalizer=normalizer, alpha=alpha)
+        atol = 1e-12 if dtype == torch.float64 else 2e-6
+        torch.testing.assert_close(out, out_b, rtol=0, atol=atol)
+        torch.testing.assert_close(w, w_b[..., :limit], rtol=0, atol=atol)
+        assert torch.equal(w_b[..., limit], torch.zeros_like(w_b[..., limit]))
+
+
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+def test_small_path_ties_nan_rows_and_one_key(normalizer, alpha):
+    for dtype in (torch.float32, torch.float64):
+        limit = SMALL_LIMIT[dtype]
+        # All scores equal: uniform; two tied leaders far above the rest: half each.
+        q = torch.zeros(3, 5, 4, dtype=dtype)
+        k, v = make(3, limit, 4, seed=160, dtype=dtype), make(3, limit, 2, seed=161, dtype=dtype)
+        out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+        torch.testing.assert_close(w, torch.full_like(w, 1 / limit), rtol=0, atol=1e-7)
+        keys = torch.zeros(1, limit, 1, dtype=dtype)
+        keys[0, 1] = keys[0, limit - 1] = 50.0
+        _, w = sdpa(torch.ones(1, 2, 1, dtype=dtype), keys, make(1, limit, 3, seed=162, dtype=dtype),
+                    scale=1.0, need_weights=True, normalizer=normalizer, alpha=alpha)
+        expected = torch.zeros(1, 2, limit, dtype=dtype)
+        expected[..., [1, limit - 1]] = 0.5
+        assert torch.equal(w == 0, expected == 0)
+        torch.testing.assert_close(w, expected, rtol=0, atol=1e-6)
+        # A NaN stays in its row, forward and backward; +inf scores make their row NaN.
+        q, k, v = (t.requires_grad_() for t in problem(163, dtype, batch=(2,), len_q=6, len_k=limit))
+        bad = q.detach().clone()
+        bad[1, 2, 0] = math.nan
+        bad[0, 4, 0] = math.inf
+        bad = bad.requires_grad_()
+        out, w = sdpa(bad, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+        rest = torch.ones(2, 6, dtype=torch.bool)
+        rest[1, 2] = rest[0, 4] = False
+        assert torch.isnan(out[~rest]).all() and torch.isnan(w[~rest]).all()
+        assert torch.isfinite(out[rest]).all() and torch.isfinite(w[rest]).all()
+        dq, = torch.autograd.grad(out[rest].sum(), bad)
+        assert torch.isfinite(dq[rest]).all()
+        # One key: it takes everything.
+        q, k, v = problem(164, dtype, batch=(2,), len_q=3, len_k=1)
+        out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+        assert torch.equal(w, torch.ones_like(w))
+        torch.testing.assert_close(out, v.expand(2, 3, v.shape[-1]))
+
+
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+def test_small_path_gradcheck_float64(normalizer, alpha):
+    # L_k = 8, the float64 limit, with a float mask, the causal mask and a fully masked row.
+    q = make(2, 9, 3, seed=170).requires_grad_()
+    k = make(2, 8, 3, seed=171).requires_grad_()
+    v = make(2, 8, 4, seed=172).requires_grad_()
+    mask = make(9, 8, seed=173).masked_fill(make(9, 8, seed=174) > 1.2, -math.inf)
+    mask[5] = -math.inf
+    mask = mask.requires_grad_()
+    assert margin(q, k, mask, True, 1.5, normalizer, alpha) > 1e-3
+
+    def fn(q, k, v, mask):
+        return sdpa(q, k, v, mask, True, 1.5, normalizer=normalizer, alpha=alpha)[0]
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, mask))

@@ -11,6 +11,7 @@
 
 #include "cpu/blas.h"
 #include "cpu/isa.h"
+#include "cpu/small_sparse_attention.h"
 #include "cpu/softmax_rows.h"
 
 namespace attnlab::cpu {
@@ -731,6 +732,23 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
   const SparseNormalizer nz = normalizer_of(alpha);
   const int64_t block_q = std::min(forward_query_block(p.len_k), std::max<int64_t>(p.len_q, 1));
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
+  if (small_sparse_fits<T>(alpha, p.len_k, p.dim_qk, p.dim_v)) {
+    // Every key in one vector (the tutorials' L = 10 and 16): whole rows in registers.
+    at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
+        const int64_t rows = std::min(block_q, p.len_q - i0);
+        small_sparse_rows(alpha, rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
+                          p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
+                          p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
+                          p.mask.row_stride, visible_base(p, i0, 0), p.scale,
+                          output + (b * p.len_q + i0) * p.dim_v, tau + b * p.len_q + i0,
+                          support_value + (b * p.len_q + i0) * p.dim_v,
+                          weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr, p.len_k);
+      }
+    });
+    return;
+  }
   const int64_t ld = round_up(std::max<int64_t>(p.len_k, 1), kLanes<T>);
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
@@ -813,10 +831,16 @@ void sparse_attention_backward(const AttentionProblem<T>& p, double alpha,
                                T* grad_key, T* grad_value, T* grad_mask) {
   const SparseNormalizer nz = normalizer_of(alpha);
   const int64_t E = p.dim_qk, Ev = p.dim_v;
-  std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
-  std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
-  std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
-  if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  // Every key in one vector: one register-resident pass per batch entry, which writes every
+  // gradient entry itself.
+  const bool small = p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
+                     small_sparse_fits<T>(alpha, p.len_k, E, Ev);
+  if (!small) {
+    std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
+    std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
+    std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
+    if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  }
   if (p.batch == 0 || p.len_q == 0 || p.len_k == 0) return;
 
   // delta_i = dO_i·U_i = Σ_j s_ij·dP_ij / Σ_j s_ij.
@@ -827,6 +851,23 @@ void sparse_attention_backward(const AttentionProblem<T>& p, double alpha,
                Ev, p.len_q, Ev, delta.data() + b * p.len_q);
     }
   });
+
+  if (small) {
+    at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t b = begin; b < end; ++b) {
+        const int64_t rows = b * p.len_q;
+        small_sparse_backward(
+            alpha, p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride,
+            p.key.row(b, 0), p.key.row_stride, p.value.row(b, 0), p.value.row_stride,
+            mask_block(p, b, 0, 0), p.mask.row_stride, visible_base(p, 0, 0), p.scale,
+            grad_output.row(b, 0), grad_output.row_stride, tau + rows, delta.data() + rows,
+            weights ? weights + rows * p.len_k : nullptr, grad_query + rows * E,
+            grad_key + b * p.len_k * E, grad_value + b * p.len_k * Ev,
+            grad_mask ? grad_mask + rows * p.len_k : nullptr);
+      }
+    });
+    return;
+  }
 
   // Work split as in the softmax backward: each task owns the key blocks of one chunk of one
   // batch entry (dK, dV unshared); dQ parts of extra chunks are summed at the end.

@@ -1,0 +1,415 @@
+#include "cpu/small_sparse_attention.h"
+
+// The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
+// per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "cpu/isa.h"
+#include "cpu/vec_lanes.h"
+
+namespace attnlab::cpu {
+namespace {
+
+template <typename T>
+constexpr T kInf = std::numeric_limits<T>::infinity();
+template <typename T>
+constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
+
+// Rows go four at a time, as in small_attention.cpp: four independent multiply-add chains,
+// and each key and value vector loaded serves four rows.
+constexpr int64_t kGroup = 4;
+
+template <typename T>
+ATTNLAB_INLINE Vec<T> lane_index() {
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < kLanes<T>; ++j) lane[j] = static_cast<T>(j);
+  return lane;
+}
+
+// Scores of up to kGroup rows: s[i] = q_i·kᵀ (kt: Kᵀ, one key per lane).
+template <typename T>
+ATTNLAB_INLINE void group_scores(const T* const* qr, const Vec<T>* kt, int64_t dim_qk,
+                                 Vec<T>* s) {
+  for (int64_t i = 0; i < kGroup; ++i) s[i] = Vec<T>{};
+  for (int64_t e = 0; e < dim_qk; ++e) {
+    const Vec<T> key = kt[e];
+    for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
+  }
+}
+
+// scale·s + mask on the row's visible keys, −inf elsewhere (a −inf mask entry hides the key
+// whatever its score).
+template <typename T>
+ATTNLAB_INLINE Vec<T> row_scores(Vec<T> s, T scale, const T* mask_row, int64_t len_k,
+                                 int64_t visible, const Vec<T>& lane) {
+  s *= scale;
+  if (mask_row) {
+    const Vec<T> m = load_part(mask_row, len_k);
+    s = m == -kInf<T> ? -kInf<T> : s + m;
+  }
+  return lane < static_cast<T>(visible) ? s : -kInf<T>;
+}
+
+using Doubles8 = Vec<double>;
+
+// The float lanes of x as two vectors of eight doubles.
+ATTNLAB_INLINE void halves(const Vec<float>& x, Doubles8* lo, Doubles8* hi) {
+  typedef float Floats8 __attribute__((vector_size(32)));
+  const Floats8 l = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7);
+  const Floats8 h = __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  *lo = __builtin_convertvector(l, Doubles8);
+  *hi = __builtin_convertvector(h, Doubles8);
+}
+ATTNLAB_INLINE Doubles8 halves_sum(const Vec<float>& x) {
+  Doubles8 lo, hi;
+  halves(x, &lo, &hi);
+  return lo + hi;
+}
+
+// The threshold of one row of values c = (α − 1)·(z − max z) (−inf on hidden keys, 0 at the
+// max), relative to the max: see the header. Returns τ (double), sets *in to the support (1 or
+// 0 per lane) and *support_sum to Σ_j s_j there (sparsemax: the support's size; entmax-1.5:
+// Σ_j [c_j − τ]_+).
+template <typename T, bool kEntmax15>
+ATTNLAB_INLINE double lane_threshold(const Vec<T>& c, int64_t len_k, Vec<T>* in,
+                                     double* support_sum) {
+  constexpr int64_t L = kLanes<T>;
+  alignas(64) T values[L];
+  std::memcpy(values, &c, sizeof(values));
+  // For each lane j: the count, sum (and sum of squares) of the values >= c_j.
+  Vec<T> count = {}, sum = {}, sum_sq = {};
+  for (int64_t j = 0; j < len_k; ++j) {
+    const T y = values[j];
+    if (y == -kInf<T>) continue;  // a hidden key: in no candidate support
+    // (Each comparison written into its select: a comparison kept as a value of its own is
+    // lowered lane by lane.)
+    count += y >= c ? T(1) : T(0);
+    sum += y >= c ? y : T(0);
+    if constexpr (kEntmax15) sum_sq += y >= c ? y * y : T(0);
+  }
+  const Vec<T> safe_c = c == -kInf<T> ? T(0) : c, safe_count = c == -kInf<T> ? T(1) : count;
+  // Positive exactly for the support's lanes.
+  Vec<T> test;
+  if constexpr (kEntmax15) {
+    // y_j above the closed-form threshold mean − sqrt((1 − ss)/k) of its candidate support:
+    // k·(mean − y_j)² < 1 − ss (mean ≥ y_j there).
+    const Vec<T> mean = sum / safe_count;
+    const Vec<T> ss = sum_sq - sum * mean;
+    const Vec<T> gap = mean - safe_c;
+    test = (T(1) - ss) - safe_count * gap * gap;
+  } else {
+    test = (T(1) + safe_count * safe_c) - sum;
+  }
+  test = c == -kInf<T> ? T(-1) : test;
+  const Vec<T> member = test > T(0) ? T(1) : T(0);
+  *in = member;
+  // τ from the support's sums, in double lanes (branch-free: hidden keys hold 0 in safe_c).
+  Doubles8 n, s1, s2;
+  if constexpr (sizeof(T) == sizeof(double)) {
+    n = member;
+    s1 = member * safe_c;
+    s2 = s1 * safe_c;
+  } else {
+    n = halves_sum(member);
+    Doubles8 lo, hi;
+    halves(member * safe_c, &lo, &hi);
+    s1 = lo + hi;
+    s2 = lo * lo + hi * hi;
+  }
+  const auto add = [](Doubles8 a, Doubles8 b) { return a + b; };
+  const double size = reduce_lanes<double>(n, add), sum1 = reduce_lanes<double>(s1, add);
+  double tau;
+  if constexpr (kEntmax15) {
+    const double sum2 = reduce_lanes<double>(s2, add);
+    const double mean = sum1 / size, ss = std::max(0.0, sum2 - sum1 * mean);
+    tau = mean - std::sqrt(std::max(0.0, 1 - ss) / size);
+    *support_sum = sum1 - size * tau;  // Σ_j [c_j − τ]_+
+  } else {
+    tau = (sum1 - 1) / size;
+    *support_sum = size;
+  }
+  return tau;
+}
+
+template <typename T, bool kEntmax15>
+ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t dim_qk,
+                                           int64_t dim_v, const T* q, int64_t ldq, const T* k,
+                                           int64_t ldk, const T* v, int64_t ldv, const T* mask,
+                                           int64_t mask_ld, int64_t visible_base, T scale,
+                                           T* out, T* tau, T* support_value, T* weights,
+                                           int64_t ld_weights) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr double am1 = kEntmax15 ? 0.5 : 1.0;  // α − 1
+  alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ: feature e of every key, one per lane
+  transpose_rows(k, ldk, len_k, dim_qk, kt);
+  // vp[j·value_vectors + c]: value row j in whole vectors, zero-padded.
+  const int64_t value_vectors = (dim_v + L - 1) / L;
+  alignas(64) Vec<T> vp[kSmallAttentionMaxDim];  // len_k·value_vectors <= L·(256 / L)
+  for (int64_t j = 0; j < len_k; ++j) row_vectors(v + j * ldv, dim_v, vp + j * value_vectors);
+  const Vec<T> lane = lane_index<T>();
+  const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
+
+  for (int64_t r0 = 0; r0 < rows; r0 += kGroup) {
+    const int64_t group = std::min(kGroup, rows - r0);
+    const T* qr[kGroup];
+    for (int64_t i = 0; i < kGroup; ++i) qr[i] = q + std::min(r0 + i, rows - 1) * ldq;
+    Vec<T> s[kGroup];
+    group_scores(qr, kt, dim_qk, s);
+    // P and S/ΣS of each row (zero for the group's unused rows and rows without values).
+    alignas(64) T p[kGroup][L] = {};
+    alignas(64) T sn[kGroup][L] = {};
+    bool row_live[kGroup] = {};
+    for (int64_t i = 0; i < group; ++i) {
+      const int64_t r = r0 + i;
+      const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
+      const Vec<T> z =
+          row_scores(s[i], scale, mask ? mask + r * mask_ld : nullptr, len_k, visible, lane);
+      // A NaN counts as +inf here: either makes the row NaN (a +inf score has no finite
+      // threshold).
+      const T row_max = reduce_lanes<T>(z == z ? z : kInf<T>, max_op);
+      T* w = weights ? weights + r * ld_weights : nullptr;
+      if (row_max == kInf<T> || row_max == -kInf<T>) {
+        // NaN out, or nothing visible: zeros and τ = +inf.
+        const bool nan = row_max == kInf<T>;
+        const T fill = nan ? kNaN<T> : T(0);
+        std::fill(out + r * dim_v, out + (r + 1) * dim_v, fill);
+        std::fill(support_value + r * dim_v, support_value + (r + 1) * dim_v, fill);
+        tau[r] = nan ? kNaN<T> : kInf<T>;
+        if (w) {
+          std::fill(w, w + len_k, T(0));
+          if (nan) std::fill(w, w + visible, kNaN<T>);
+        }
+        continue;
+      }
+      row_live[i] = true;
+      const Vec<T> c = static_cast<T>(am1) * (z - row_max);
+      Vec<T> in;
+      double support_sum;
+      const double tau_rel = lane_threshold<T, kEntmax15>(c, len_k, &in, &support_sum);
+      const Vec<T> d = c - static_cast<T>(tau_rel);
+      const Vec<T> dp = in * (d > T(0) ? d : T(0));  // in: 1 on the support, else 0
+      Vec<T> pi, si;
+      if constexpr (kEntmax15) {
+        pi = dp * dp;
+        si = dp;
+      } else {
+        pi = dp;
+        si = dp > T(0) ? T(1) : T(0);
+      }
+      si *= static_cast<T>(1 / support_sum);
+      std::memcpy(p[i], &pi, sizeof(pi));
+      std::memcpy(sn[i], &si, sizeof(si));
+      if (w) store_part(w, pi, len_k);
+      tau[r] = static_cast<T>(tau_rel + am1 * static_cast<double>(row_max));
+    }
+    // out = P·V and U = S·V/ΣS, four rows at a time.
+    for (int64_t c = 0; c < value_vectors; ++c) {
+      Vec<T> acc_out[kGroup] = {}, acc_u[kGroup] = {};
+      for (int64_t j = 0; j < len_k; ++j) {
+        const Vec<T> value = vp[j * value_vectors + c];
+        for (int64_t i = 0; i < kGroup; ++i) {
+          acc_out[i] += p[i][j] * value;
+          acc_u[i] += sn[i][j] * value;
+        }
+      }
+      const int64_t n = std::min(L, dim_v - c * L);
+      for (int64_t i = 0; i < group; ++i) {
+        if (!row_live[i]) continue;
+        store_part(out + (r0 + i) * dim_v + c * L, acc_out[i], n);
+        store_part(support_value + (r0 + i) * dim_v + c * L, acc_u[i], n);
+      }
+    }
+  }
+}
+
+template <typename T, bool kEntmax15>
+ATTNLAB_INLINE void small_sparse_backward_impl(
+    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
+    const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
+    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* tau, const T* delta,
+    const T* probs, T* dq, T* dk, T* dv, T* dmask) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr T am1 = kEntmax15 ? T(0.5) : T(1);  // α − 1
+  const int64_t qk_vectors = (dim_qk + L - 1) / L;
+  alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ, to recompute the scores
+  alignas(64) Vec<T> vt[kSmallAttentionMaxDim];  // Vᵀ: dP_i = Σ_c dO[i, c]·vt[c]
+  alignas(64) Vec<T> kp[kSmallAttentionMaxDim];  // K's rows as vectors: dQ_i = Σ_j dZ_ij·K_j
+  // dZ and P of every row, for dK and dV after the row loop.
+  alignas(64) T dz_all[kSmallBackwardMaxRows][L];
+  alignas(64) T p_all[kSmallBackwardMaxRows][L];
+  if (!probs) transpose_rows(k, ldk, len_k, dim_qk, kt);
+  transpose_rows(v, ldv, len_k, dim_v, vt);
+  for (int64_t j = 0; j < len_k; ++j) row_vectors(k + j * ldk, dim_qk, kp + j * qk_vectors);
+  const Vec<T> lane = lane_index<T>();
+  const Vec<T> row_nan = lane < static_cast<T>(len_k) ? kNaN<T> : T(0);
+
+  for (int64_t r0 = 0; r0 < len_q; r0 += kGroup) {
+    const int64_t group = std::min(kGroup, len_q - r0);
+    const T* qr[kGroup];
+    const T* dor[kGroup];
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int64_t r = std::min(r0 + i, len_q - 1);
+      qr[i] = q + r * ldq;
+      dor[i] = dout + r * ld_dout;
+    }
+    // P, and s = p^{2−α} (unnormalised: dz = s·(dP − delta) with delta = dO·U).
+    Vec<T> prob[kGroup], sup[kGroup];
+    if (probs) {
+      for (int64_t i = 0; i < kGroup; ++i) {
+        prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
+        if constexpr (kEntmax15) {
+          alignas(64) T root[L];
+          std::memcpy(root, &prob[i], sizeof(root));
+          for (int64_t j = 0; j < L; ++j) root[j] = std::sqrt(root[j]);
+          std::memcpy(&sup[i], root, sizeof(root));
+        } else {
+          sup[i] = prob[i] > T(0) ? T(1) : prob[i];  // 0 stays 0, NaN stays NaN
+        }
+      }
+    } else {
+      Vec<T> s[kGroup];
+      group_scores(qr, kt, dim_qk, s);
+      for (int64_t i = 0; i < kGroup; ++i) {
+        const int64_t r = std::min(r0 + i, len_q - 1);
+        const T t = tau[r];
+        if (t != t) {  // the forward's row was NaN
+          prob[i] = sup[i] = row_nan;
+          continue;
+        }
+        const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
+        const Vec<T> z =
+            row_scores(s[i], scale, mask ? mask + r * mask_ld : nullptr, len_k, visible, lane);
+        const Vec<T> d = am1 * z - t;
+        const Vec<T> dp = d > T(0) ? d : T(0);
+        if constexpr (kEntmax15) {
+          prob[i] = dp * dp;
+          sup[i] = dp;
+        } else {
+          prob[i] = dp;
+          sup[i] = d > T(0) ? T(1) : T(0);
+        }
+      }
+    }
+    // dP_i = dO_i·Vᵀ over the keys, then dZ_i = s_i ⊙ (dP_i − delta_i).
+    Vec<T> dp[kGroup] = {};
+    for (int64_t c = 0; c < dim_v; ++c) {
+      const Vec<T> value = vt[c];
+      for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
+    }
+    alignas(64) T dz[kGroup][L];
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int64_t r = std::min(r0 + i, len_q - 1);
+      const Vec<T> dzi = sup[i] * (dp[i] - delta[r]);
+      std::memcpy(dz[i], &dzi, sizeof(dzi));
+      if (i < group) {
+        std::memcpy(dz_all[r], &dzi, sizeof(dzi));
+        std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
+        if (dmask) store_part(dmask + r * len_k, dzi, len_k);
+      }
+    }
+    // dQ_i = scale·Σ_j dZ_ij·K_j
+    for (int64_t c = 0; c < qk_vectors; ++c) {
+      Vec<T> acc[kGroup] = {};
+      for (int64_t j = 0; j < len_k; ++j) {
+        const Vec<T> key = kp[j * qk_vectors + c];
+        for (int64_t i = 0; i < kGroup; ++i) acc[i] += dz[i][j] * key;
+      }
+      const int64_t n = std::min(L, dim_qk - c * L);
+      for (int64_t i = 0; i < group; ++i) {
+        store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
+      }
+    }
+  }
+  // dK_j = scale·Σ_i dZ_ij·Q_i and dV_j = Σ_i P_ij·dO_i: four keys at a time, accumulated in
+  // registers over the rows.
+  const auto key_sums = [&](const T (*coeff)[L], const T* x, int64_t ldx, int64_t dim, T factor,
+                            T* dst) {
+    for (int64_t j0 = 0; j0 < len_k; j0 += kGroup) {
+      const int64_t keys = std::min(kGroup, len_k - j0);
+      for (int64_t c = 0; c * L < dim; ++c) {
+        const int64_t n = std::min(L, dim - c * L);
+        Vec<T> acc[kGroup] = {};
+        for (int64_t i = 0; i < len_q; ++i) {
+          const Vec<T> row = load_part(x + i * ldx + c * L, n);
+          for (int64_t t = 0; t < kGroup; ++t) acc[t] += coeff[i][(j0 + t) % L] * row;
+        }
+        for (int64_t t = 0; t < keys; ++t) {
+          store_part(dst + (j0 + t) * dim + c * L, acc[t] * factor, n);
+        }
+      }
+    }
+  };
+  key_sums(dz_all, q, ldq, dim_qk, scale, dk);
+  key_sums(p_all, dout, ld_dout, dim_v, T(1), dv);
+}
+
+template <typename T>
+ATTNLAB_INLINE void small_sparse_rows_dispatch(double alpha, int64_t rows, int64_t len_k,
+                                               int64_t dim_qk, int64_t dim_v, const T* q,
+                                               int64_t ldq, const T* k, int64_t ldk, const T* v,
+                                               int64_t ldv, const T* mask, int64_t mask_ld,
+                                               int64_t visible_base, T scale, T* out, T* tau,
+                                               T* support_value, T* weights,
+                                               int64_t ld_weights) {
+  if (alpha == 1.5) {
+    small_sparse_rows_impl<T, true>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                    mask_ld, visible_base, scale, out, tau, support_value,
+                                    weights, ld_weights);
+  } else {
+    small_sparse_rows_impl<T, false>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                     mask_ld, visible_base, scale, out, tau, support_value,
+                                     weights, ld_weights);
+  }
+}
+
+template <typename T>
+ATTNLAB_INLINE void small_sparse_backward_dispatch(
+    double alpha, int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q,
+    int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask,
+    int64_t mask_ld, int64_t visible_base, T scale, const T* dout, int64_t ld_dout,
+    const T* tau, const T* delta, const T* probs, T* dq, T* dk, T* dv, T* dmask) {
+  if (alpha == 1.5) {
+    small_sparse_backward_impl<T, true>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv,
+                                        mask, mask_ld, visible_base, scale, dout, ld_dout, tau,
+                                        delta, probs, dq, dk, dv, dmask);
+  } else {
+    small_sparse_backward_impl<T, false>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv,
+                                         mask, mask_ld, visible_base, scale, dout, ld_dout, tau,
+                                         delta, probs, dq, dk, dv, dmask);
+  }
+}
+
+}  // namespace
+
+#define ATTNLAB_DEFINE_SMALL_SPARSE(TYPE)                                                      \
+  ATTNLAB_ISA_CLONES void small_sparse_rows(                                                   \
+      double alpha, int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v, const TYPE* q, \
+      int64_t ldq, const TYPE* k, int64_t ldk, const TYPE* v, int64_t ldv, const TYPE* mask,   \
+      int64_t mask_ld, int64_t visible_base, TYPE scale, TYPE* out, TYPE* tau,                 \
+      TYPE* support_value, TYPE* weights, int64_t ld_weights) {                                \
+    small_sparse_rows_dispatch(alpha, rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, \
+                               mask_ld, visible_base, scale, out, tau, support_value, weights, \
+                               ld_weights);                                                    \
+  }                                                                                            \
+  ATTNLAB_ISA_CLONES void small_sparse_backward(                                               \
+      double alpha, int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,               \
+      const TYPE* q, int64_t ldq, const TYPE* k, int64_t ldk, const TYPE* v, int64_t ldv,      \
+      const TYPE* mask, int64_t mask_ld, int64_t visible_base, TYPE scale, const TYPE* dout,   \
+      int64_t ld_dout, const TYPE* tau, const TYPE* delta, const TYPE* probs, TYPE* dq,        \
+      TYPE* dk, TYPE* dv, TYPE* dmask) {                                                       \
+    small_sparse_backward_dispatch(alpha, len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, \
+                                   mask, mask_ld, visible_base, scale, dout, ld_dout, tau,     \
+                                   delta, probs, dq, dk, dv, dmask);                           \
+  }
+
+ATTNLAB_DEFINE_SMALL_SPARSE(float)
+ATTNLAB_DEFINE_SMALL_SPARSE(double)
+
+#undef ATTNLAB_DEFINE_SMALL_SPARSE
+
+}  // namespace attnlab::cpu

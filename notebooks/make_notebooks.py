@@ -1061,7 +1061,7 @@ for name, row in rows.items():
 plot.weight_bars(rows, keys=[f"{z:+.1f}" for z in scores.tolist()],
                  title="weights of one query over eight keys (key labels: their scores)")"""),
     new_markdown_cell("""\
-## Sequence reversal: the map becomes exactly one-hot
+## Sequence reversal: most of the map becomes exactly zero
 
 The UvA tutorial's task (16 digits, output position i copies input position 15 − i) with its
 one-layer, one-head transformer, trained once per normalizer with the same seed and data (the
@@ -1099,20 +1099,27 @@ length = len(tokens)
 plot.attention_side_by_side(maps, tokens, tokens, marked=[(i, length - 1 - i) for i in range(length)],
                             title="sequence reversal: one test sequence")"""),
     new_code_cell("""\
-for normalizer, weights in maps.items():
-    top = weights.max(-1).values
-    print(f"{normalizer:>24}: rows that are exactly one-hot {int((top == 1).sum())} of {length}, "
-          f"largest weight per row from {top.min():.3f} to {top.max():.3f}")"""),
-    new_markdown_cell("""\
-**Hard attention on the trained softmax model.** A boolean mask with a single allowed key per row
-makes the operator's softmax exactly one-hot, so passing the one-hot map as the mask runs the
-softmax model with hard attention. Its answers barely change: the softmax model already puts
-almost all of each row on the mirrored position; what sparsemax adds is that the map *says*
-so exactly."""),
-    new_code_cell("""\
-task, result = reversal["softmax"]
 digits = torch.randint(10, (500, 16), generator=torch.Generator().manual_seed(SEED + 5))
 inputs = reverse.one_hot(digits, 10)
+mirror = torch.arange(15, -1, -1)
+for normalizer, (task, _) in reversal.items():
+    weights = task.model.get_attention_maps(inputs)[0][:, 0]          # [B, L, L]
+    on_mirror = weights[:, torch.arange(16), mirror]
+    print(f"{normalizer:>9}: keys kept per row {(weights > 0).sum(-1).float().mean():5.2f} of 16, "
+          f"weight on the mirrored key {on_mirror.mean():.3f}, rows exactly one-hot on it "
+          f"{100 * (on_mirror == 1).float().mean():5.1f} %")"""),
+    new_markdown_cell("""\
+Sparsemax and 1.5-entmax zero most of each row: a row keeps the mirrored position and a couple of
+its neighbours, and the tail that softmax spreads over every other key is gone. The rows are not
+one-hot, though: sparsemax gives a row a single key only when its score leads the runner-up by at
+least 1 (1.5-entmax: by at least 2), and once the model answers right the loss has little reason
+to push the scores that far apart.
+
+**Hard attention on the trained softmax model.** A boolean mask with a single allowed key per row
+makes the operator's softmax exactly one-hot, so passing the arg-max map as the mask runs the
+softmax model with hard attention:"""),
+    new_code_cell("""\
+task, result = reversal["softmax"]
 with torch.no_grad():
     task.model.eval()
     soft_map = task.model.get_attention_maps(inputs)[0]               # [B, 1, L, L]
@@ -1122,58 +1129,70 @@ with torch.no_grad():
 print(f"softmax model, its own soft attention: {100 * soft_acc:.2f} %; "
       f"with hard (arg-max) attention: {100 * hard_acc:.2f} %")"""),
     new_markdown_cell("""\
-## Permutation composition: the map picks exactly p₂[i]
+## Permutation composition: rows that pick exactly p₂[i]
 
 The permutation-composition lab's task: inputs p₁ then p₂, and output position n + i must say
-p₁[p₂[i]], read at input position p₂[i]. The LSTM + scaled dot-product attention model with
-positions added and the autoregressive mask (the experiment's main row), trained once per
-normalizer. Here the zero fraction counts the answer rows n + i only (the rows the loss uses),
-over the keys the autoregressive mask leaves open: masked keys are 0 under every normalizer."""),
+p₁[p₂[i]], read at input position p₂[i]. The LSTM + attention model with positions added and the
+autoregressive mask, trained once per normalizer with two kinds of scores: **scaled**
+dot-product qᵀk/√32 (the experiment's main row) and **multiplicative** qᵀk (Luong's, unscaled:
+the same model with scores √32 ≈ 5.7 times larger). Here the zero fraction counts the answer
+rows n + i only (the rows the loss uses), over the keys the autoregressive mask leaves open:
+masked keys are 0 under every normalizer."""),
     new_code_cell("""\
-def permutation_config(normalizer):
+def permutation_config(kind, normalizer):
     base = permutation.fast_config(SEED) if SMALL else permutation.default_config(SEED)
     if SMALL:
         base = dataclasses.replace(base, batches_per_epoch=150, test_size=1000)
-    return dataclasses.replace(base, attention="scaled", autoregressive=True, normalizer=normalizer)
+    return dataclasses.replace(base, attention=kind, autoregressive=True, normalizer=normalizer)
 
 
 composition = {}
-for normalizer in NORMALIZERS:
-    config = permutation_config(normalizer)
-    task = permutation.make_task(config)
-    result = fit(task, config.train, out_dir=OUT / config.variant, progress=False)
-    composition[normalizer] = (task, result)
-    print(f"{normalizer:>9}: test accuracy {100 * result['test']['accuracy']:6.2f} %, arg-max on "
-          f"p2 {100 * result['test']['argmax_on_p2']:6.2f} %, exact zeros "
-          f"{100 * result['test']['attention_zero_fraction']:5.1f} %, {result['seconds']:.0f} s")"""),
+for kind in ("scaled", "multiplicative"):
+    for normalizer in NORMALIZERS:
+        config = permutation_config(kind, normalizer)
+        task = permutation.make_task(config)
+        result = fit(task, config.train, out_dir=OUT / config.variant, progress=False)
+        composition[kind, normalizer] = (task, result)
+        print(f"{kind:>14} {normalizer:>9}: test accuracy {100 * result['test']['accuracy']:6.2f} %, "
+              f"arg-max on p2 {100 * result['test']['argmax_on_p2']:6.2f} %, exact zeros "
+              f"{100 * result['test']['attention_zero_fraction']:5.1f} %, {result['seconds']:.0f} s")"""),
     new_code_cell("""\
-example = composition["softmax"][0].examples["attention"][0]
+example = composition["scaled", "softmax"][0].examples["attention"][0]
 n = len(example) // 2
 tokens = [str(d) for d in example.tolist()]
-maps = {name: task.model.attention_map(example[None])[0] for name, (task, _) in composition.items()}
-soft = maps["softmax"]
-maps["hard (softmax's arg-max)"] = torch.nn.functional.one_hot(soft.argmax(-1), soft.shape[-1]).float()
-plot.attention_side_by_side(maps, tokens, tokens, marked=[(n + i, int(example[n + i])) for i in range(n)],
-                            title="permutation composition: framed (n + i, p₂[i]); white = exactly 0 "
-                                  "(above the diagonal: masked)")"""),
+frames = [(n + i, int(example[n + i])) for i in range(n)]
+for kind in ("scaled", "multiplicative"):
+    maps = {normalizer: composition[kind, normalizer][0].model.attention_map(example[None])[0]
+            for normalizer in NORMALIZERS}
+    soft = maps["softmax"]
+    maps["hard (softmax's arg-max)"] = torch.nn.functional.one_hot(soft.argmax(-1), soft.shape[-1]).float()
+    display(plot.attention_side_by_side(
+        maps, tokens, tokens, marked=frames,
+        title=f"{kind} attention: framed (n + i, p₂[i]); white = exactly 0 (above the diagonal: masked)"))"""),
     new_code_cell("""\
 inputs, _ = permutation.permutation_batch(2000, n, torch.Generator().manual_seed(SEED + 3))
-for normalizer, (task, _) in composition.items():
+for (kind, normalizer), (task, _) in composition.items():
     answers = task.model.attention_map(inputs)[:, n:]                 # rows n + i
     on_p2 = answers.gather(-1, inputs[:, n:, None]).squeeze(-1)       # the weight on p2[i]
-    print(f"{normalizer:>9}: weight on p2[i] exactly 1 in {100 * (on_p2 == 1).float().mean():5.1f} % "
-          f"of the answer rows; mean weight on p2[i] {on_p2.mean():.4f}")"""),
+    print(f"{kind:>14} {normalizer:>9}: keys kept per answer row {(answers > 0).sum(-1).float().mean():5.2f}, "
+          f"weight on p2[i] {on_p2.mean():.3f}, rows exactly one-hot on p2[i] "
+          f"{100 * (on_p2 == 1).float().mean():5.1f} %")"""),
     new_markdown_cell("""\
 ## What the maps show
 
-- Softmax maps are dense: even a model that answers perfectly leaves a little weight on every
-  open key, and the exact-zero fraction is 0.
-- Sparsemax and 1.5-entmax reach the same accuracy on these tasks with maps that are mostly
-  exact zeros: where one key holds the answer (the mirrored position, p₂[i]), a row is often
-  exactly one-hot, i.e. hard attention that was trained by gradient descent.
-- Hard attention on the softmax model keeps its answers here because its soft maps are already
-  nearly one-hot; the sparse normalizers make that visible in the weights themselves instead of
-  after an arg-max.
+- Softmax maps are dense: even a model that answers every test sequence right leaves weight on
+  every open key; its exact-zero fraction is 0 and no row is one-hot.
+- Sparsemax and 1.5-entmax reach the same accuracy with maps in which many weights are exact
+  zeros; how many depends on the normalizer (sparsemax is the sparser) and on how far apart the
+  scores are (the counts above).
+- Whether a row becomes *exactly* one-hot depends on how far apart the scores get. With the
+  scaled scores (queries from a tanh-bounded LSTM, divided by √32) the gap stays below
+  sparsemax's threshold of 1 and the rows keep several keys, p₂[i] the heaviest; the unscaled
+  multiplicative scores cross it, and sparsemax then puts all of a row's weight on p₂[i] in most
+  rows: hard attention, trained by gradient descent.
+- Hard attention applied to the softmax model keeps its answers here because its soft maps
+  already peak at the right key; the sparse normalizers make that visible in the weights
+  themselves instead of after an arg-max.
 
 The same comparison over five seeds, with the set-anomaly task too, is on the documentation's
 page *Sparse attention* (`docs/experiments/sparse-attention.md`)."""),

@@ -139,8 +139,7 @@ def attention_side_by_side(maps: dict[str, torch.Tensor],
             raise ValueError(f"marked cell ({query}, {key}) is outside the {queries}×{keys} map")
     import matplotlib
     import numpy as np
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad("white")  # exact zeros
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # exact zeros
     fig = Figure(figsize=(0.26 * keys * len(maps) + 1.2 * len(maps) + 0.6,
                           0.26 * queries + 1.4), layout="constrained")
     axes = fig.subplots(1, len(maps), squeeze=False)[0]

@@ -343,3 +343,30 @@ def test_resume_with_another_normalizer_is_refused(command, tiny_configs, tmp_pa
     assert cli.main([command, "--fast", "--quiet", "--out", out2]) == 1
     error = capsys.readouterr().err
     assert "written by the" in error and "entmax15" in error  # names what it was written with
+
+
+# The side-by-side figure ----------------------------------------------------------------------
+
+def test_attention_side_by_side_draws_exact_zeros_blank():
+    from attnlab import plot
+    sparse = torch.tensor([[1.0, 0.0, 0.0], [0.25, 0.75, 0.0]])
+    dense = torch.tensor([[0.5, 0.25, 0.25], [0.2, 0.3, 0.5]])
+    figure = plot.attention_side_by_side({"sparse": sparse, "dense": dense}, ["a", "b"],
+                                         ["x", "y", "z"], marked=[(1, 1)])
+    axes = [ax for ax in figure.axes if ax.images and ax.get_title()]
+    assert [ax.get_title() for ax in axes] == ["sparse\n50 % exact zeros",
+                                               "dense\n0 % exact zeros"]
+    drawn = axes[0].images[0].get_array()
+    assert drawn.mask.tolist() == (sparse == 0).tolist()  # the zeros are not coloured
+    assert not axes[1].images[0].get_array().mask.any()
+    assert len(axes[0].patches) == 1  # the framed cell
+
+
+def test_attention_side_by_side_refuses_bad_maps():
+    from attnlab import plot
+    with pytest.raises(ValueError, match="needs at least one map"):
+        plot.attention_side_by_side({})
+    with pytest.raises(ValueError, match=r"maps \[queries, keys\] of one shape"):
+        plot.attention_side_by_side({"a": torch.ones(2, 3), "b": torch.ones(3, 3)})
+    with pytest.raises(ValueError, match=r"marked cell \(2, 0\) is outside the 2×3 map"):
+        plot.attention_side_by_side({"a": torch.ones(2, 3)}, marked=[(2, 0)])

@@ -133,10 +133,15 @@ def seed_summary(summaries: list[dict]) -> dict:
     return summary
 
 
+# Metrics printed as percentages.
+PERCENT_METRICS = ("accuracy", "attention_zero_fraction")
+
+
 def format_seed_summary(summary: dict) -> str:
-    """One line per split: each metric's mean ± std over the seeds (accuracies in %)."""
+    """One line per split: each metric's mean ± std over the seeds (accuracies and the fraction
+    of exact zeros in the attention maps in %)."""
     def value(name, stats):
-        if name == "accuracy" or name.startswith("argmax"):
+        if name in PERCENT_METRICS or name.startswith("argmax"):
             return f"{name} {100 * stats['mean']:.2f} ± {100 * stats['std']:.2f} %"
         return f"{name} {stats['mean']:.4f} ± {stats['std']:.4f}"
     seeds = summary["seeds"]
@@ -159,7 +164,7 @@ def _run_experiment(args: argparse.Namespace, rank: int, world_size: int,
     if args.epochs is not None:
         config.train = dataclasses.replace(config.train, epochs=args.epochs)
     own_options = {option: getattr(args, option) for option in ("data", "dataset", "weights",
-                                                                "image_size")
+                                                                "image_size", "normalizer")
                    if getattr(args, option, None) is not None}
     config = dataclasses.replace(config, **own_options)  # validated again
     # Experiments with options of their own apply them and may name their runs by them.
@@ -191,8 +196,8 @@ def _run_experiment(args: argparse.Namespace, rank: int, world_size: int,
     write_json(out / "results.json", summary)
 
     def describe(split):
-        return ", ".join(f"{split} {k} {100 * v:.2f} %" if k == "accuracy" else f"{split} {k} {v:.4f}"
-                         for k, v in result[split].items())
+        return ", ".join(f"{split} {k} {100 * v:.2f} %" if k in PERCENT_METRICS
+                         else f"{split} {k} {v:.4f}" for k, v in result[split].items())
     where = result["device"] + (f", {world_size} processes" if world_size > 1 else "")
     chosen = (f" (weights of epoch {result['selected_epoch']}, the {result['selected_by']})"
               if "selected_epoch" in result else "")
@@ -334,6 +339,15 @@ def add_experiment_parser(commands, name: str, help_text: str, fast_help: str):
     return parser
 
 
+def add_normalizer_option(parser) -> None:
+    """``--normalizer``, for the experiments whose attention can use a sparse normalizer."""
+    from .tasks.sparsity import EXPERIMENT_NORMALIZERS
+    parser.add_argument("--normalizer", choices=EXPERIMENT_NORMALIZERS,
+                        help="how the attention turns scores into weights: softmax (default), "
+                        "sparsemax or entmax15 (both give many weights exactly 0; the run's "
+                        "default folder gets the name as a suffix)")
+
+
 class PrintAndExit(argparse.Action):
     """A flag that prints ``printed()`` and exits, like ``--version``."""
 
@@ -375,12 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.set_defaults(handler=run_demo)
 
-    add_experiment_parser(
+    reverse = add_experiment_parser(
         commands, "reverse", "train the sequence-reversal transformer of the UvA tutorial and plot its "
         "attention", "a small configuration (about 10 s) that still reaches 99 %%")
+    add_normalizer_option(reverse)
     anomaly = add_experiment_parser(
         commands, "anomaly", "train the set-anomaly transformer of the UvA tutorial on Fashion-MNIST "
         "features", "3 short epochs (about half a minute)")
+    add_normalizer_option(anomaly)
     anomaly.add_argument("--dataset", choices=["fashion-mnist", "cifar100"],
                          help="fashion-mnist (default: features of a small CNN trained here) or "
                          "cifar100 (the tutorial's setting: ImageNet ResNet-34 features; needs "
@@ -397,6 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(the permutation-composition lab) and plot where it looks", "2 epochs of 300 fresh batches (seconds)")
     permutation.add_argument("--attention", choices=("additive", "multiplicative", "scaled"),
                              help="how queries score the objects (default scaled)")
+    add_normalizer_option(permutation)
     permutation.add_argument("--position", choices=("add", "concat", "none"),
                              help="positional encoding added to the embeddings, concatenated "
                              "to them, or none (default add)")

@@ -11,17 +11,22 @@ from .nn import PositionalEncoding, TransformerEncoder
 class TransformerPredictor(nn.Module):
     """input net Dropout → Linear(input_dim, model_dim); optional positional encoding; encoder
     with d_ff = 2·model_dim; output net Linear → LayerNorm → ReLU → Dropout → Linear(num_classes).
-    Inputs [B, L, input_dim] → logits [B, L, num_classes]."""
+    Inputs [B, L, input_dim] → logits [B, L, num_classes]. ``normalizer`` (and ``alpha``) choose
+    how the encoder's attention normalizes its scores, as in
+    :func:`attnlab.scaled_dot_product_attention`: ``"softmax"`` (default), ``"sparsemax"``,
+    ``"entmax15"`` or ``"entmax"`` with ``alpha``."""
 
     def __init__(self, input_dim: int, model_dim: int, num_classes: int, num_heads: int,
                  num_layers: int, dropout: float = 0.0, input_dropout: float = 0.0,
-                 positional_encoding: bool = True):
+                 positional_encoding: bool = True, normalizer: str = "softmax",
+                 alpha: float | None = None):
         super().__init__()
         self.input_net = nn.Sequential(nn.Dropout(input_dropout), nn.Linear(input_dim, model_dim))
         self.positional_encoding = PositionalEncoding(model_dim) if positional_encoding else None
         self.transformer = TransformerEncoder(num_layers=num_layers, input_dim=model_dim,
                                               num_heads=num_heads,
-                                              dim_feedforward=2 * model_dim, dropout=dropout)
+                                              dim_feedforward=2 * model_dim, dropout=dropout,
+                                              normalizer=normalizer, alpha=alpha)
         self.output_net = nn.Sequential(
             nn.Linear(model_dim, model_dim), nn.LayerNorm(model_dim), nn.ReLU(inplace=True),
             nn.Dropout(dropout), nn.Linear(model_dim, num_classes))

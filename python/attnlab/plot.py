@@ -118,6 +118,50 @@ def attention_map(weights: torch.Tensor, query_tokens: Sequence[str] | None = No
     return fig
 
 
+def attention_side_by_side(maps: dict[str, torch.Tensor],
+                           query_tokens: Sequence[str] | None = None,
+                           key_tokens: Sequence[str] | None = None,
+                           marked: Sequence[tuple[int, int]] = (), title: str | None = None
+                           ) -> Figure:
+    """One panel per name: maps [queries, keys] of the same shape side by side (query on the y
+    axis, ``origin="lower"``, one colour scale from 0 to 1), weights that are *exactly* zero
+    drawn white, the cells (query, key) in ``marked`` framed in red. Each panel's title gives
+    the fraction of exact zeros in its map."""
+    if not maps:
+        raise ValueError("attention_side_by_side needs at least one map")
+    shapes = {tuple(weights.shape) for weights in maps.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"attention_side_by_side expects maps [queries, keys] of one shape, got "
+                         f"{sorted(shapes)}")
+    queries, keys = next(iter(shapes))
+    for query, key in marked:
+        if not (0 <= query < queries and 0 <= key < keys):
+            raise ValueError(f"marked cell ({query}, {key}) is outside the {queries}×{keys} map")
+    import matplotlib
+    import numpy as np
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")  # exact zeros
+    fig = Figure(figsize=(0.26 * keys * len(maps) + 1.2 * len(maps) + 0.6,
+                          0.26 * queries + 1.4), layout="constrained")
+    axes = fig.subplots(1, len(maps), squeeze=False)[0]
+    for ax, (name, weights) in zip(axes, maps.items()):
+        values = weights.detach().cpu().double().numpy()
+        image = ax.imshow(np.ma.masked_where(values == 0, values), origin="lower", vmin=0,
+                          vmax=1, cmap=cmap)
+        for query, key in marked:
+            ax.add_patch(Rectangle((key - 0.5, query - 0.5), 1, 1, fill=False,
+                                   edgecolor="red", linewidth=1.2))
+        if query_tokens is not None:
+            ax.set_yticks(range(queries), query_tokens, fontsize=6)
+        if key_tokens is not None:
+            ax.set_xticks(range(keys), key_tokens, fontsize=6, rotation=90)
+        ax.set(xlabel="key", ylabel="query")
+        ax.set_title(f"{name}\n{100 * (values == 0).mean():.0f} % exact zeros", fontsize=9)
+    fig.colorbar(image, ax=list(axes), shrink=0.8)
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
 def _box_columns(ax, columns, top: float, bottom: float, color: str = "tab:red") -> None:
     """A rectangle around each of ``columns`` (data coordinates, one unit wide)."""
     for column in columns:

@@ -357,7 +357,11 @@ def load_checkpoint(path: Path, task_name: str) -> dict:
     except Exception as error:  # any unreadable file: truncated, foreign, not a checkpoint
         raise CheckpointError(f"cannot read checkpoint {path}: {error}") from error
     if not isinstance(state, dict) or state.get("task") != task_name:
-        raise CheckpointError(f"{path} is not a checkpoint of the {task_name!r} experiment")
+        written_for = (f" (it was written by the {state['task']!r} one; use another --out "
+                       f"folder)" if isinstance(state, dict) and isinstance(state.get("task"), str)
+                       else "")
+        raise CheckpointError(f"{path} is not a checkpoint of the {task_name!r} "
+                              f"experiment{written_for}")
     missing = sorted(CHECKPOINT_KEYS - state.keys())
     if missing:
         raise CheckpointError(f"{path} is an incomplete checkpoint: it lacks {', '.join(missing)}")

@@ -195,7 +195,7 @@ def test_cli_fast_run_writes_results_and_plots(tmp_path):
     assert summary["config"]["attention"] == "multiplicative"
     assert summary["config"]["autoregressive"] is True
     assert summary["config"]["position"] == "add"
-    assert set(summary["test"]) == {"accuracy", "argmax_on_p2"}
+    assert set(summary["test"]) == {"accuracy", "argmax_on_p2", "attention_zero_fraction"}
     for name in ("attention.png", "attention_p2.png", "training.png", "checkpoint.pt"):
         assert (tmp_path / name).stat().st_size > 0
     # Another variant in the same folder is refused instead of resuming the wrong model.

@@ -1,6 +1,8 @@
 """Attention layers behind one interface (the permutation-composition lab's): ``get_scores(features, queries)`` and
 ``attend(features, queries, mask=None)``, where the features are both keys and values, and the
-detached weights of the last ``attend`` kept as ``last_weights``."""
+detached weights of the last ``attend`` kept as ``last_weights``. Every kind takes
+``normalizer=`` (and ``alpha=``) as :func:`attnlab.scaled_dot_product_attention` does: softmax
+by default, or sparsemax / entmax, whose maps hold exact zeros."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from ..functional import scaled_dot_product_attention
+from ..functional import check_normalizer, scaled_dot_product_attention
 
 
 def autoregressive_mask(size: int, device=None) -> torch.Tensor:
@@ -30,10 +32,19 @@ def _check_pair(features: torch.Tensor, queries: torch.Tensor):
 
 
 class AttentionLayer(nn.Module):
-    """The shared interface. Subclasses define ``get_scores`` and ``_attend``."""
+    """The shared interface. Subclasses define ``get_scores`` and ``_attend``.
 
-    def __init__(self):
+    Args:
+        normalizer: how the scores become weights: ``"softmax"`` (default), ``"sparsemax"``,
+            ``"entmax15"`` or ``"entmax"`` (with ``alpha``), as in
+            :func:`attnlab.scaled_dot_product_attention`; checked when the layer is built.
+        alpha: the α of ``normalizer="entmax"``; only with ``"entmax"``.
+    """
+
+    def __init__(self, normalizer: str = "softmax", alpha: float | None = None):
         super().__init__()
+        check_normalizer(normalizer, alpha)
+        self.normalizer, self.alpha = normalizer, alpha
         self.last_weights: torch.Tensor | None = None
 
     @staticmethod
@@ -54,7 +65,8 @@ class AttentionLayer(nn.Module):
 
 
 class ScaledDotProductAttention(AttentionLayer):
-    """scores = qᵀk / sqrt(d); queries and features of the same width."""
+    """scores = qᵀk / sqrt(d); queries and features of the same width; ``normalizer`` and
+    ``alpha`` as for :class:`AttentionLayer`."""
 
     scale: float | None = None  # None: 1/sqrt(d)
 
@@ -73,7 +85,8 @@ class ScaledDotProductAttention(AttentionLayer):
     def _attend(self, features, queries, mask):
         self._check_widths(features, queries)
         return scaled_dot_product_attention(queries, features, features, attn_mask=mask,
-                                            scale=self.scale, need_weights=True)
+                                            scale=self.scale, need_weights=True,
+                                            normalizer=self.normalizer, alpha=self.alpha)
 
 
 class MultiplicativeAttention(ScaledDotProductAttention):
@@ -85,10 +98,12 @@ class MultiplicativeAttention(ScaledDotProductAttention):
 class AdditiveAttention(AttentionLayer):
     """Bahdanau's scores w₃ᵀ tanh(W₁q + W₂k) (no biases); queries and objects may have
     different widths. The scores come from the attnlab.additive_scores operator, which never
-    holds the [B, Q, K, hidden] tensor."""
+    holds the [B, Q, K, hidden] tensor; ``normalizer`` and ``alpha`` as for
+    :class:`AttentionLayer`."""
 
-    def __init__(self, obj_feature_dim: int, query_feature_dim: int, hidden_dim: int):
-        super().__init__()
+    def __init__(self, obj_feature_dim: int, query_feature_dim: int, hidden_dim: int,
+                 normalizer: str = "softmax", alpha: float | None = None):
+        super().__init__(normalizer, alpha)
         for name, value in (("obj_feature_dim", obj_feature_dim),
                             ("query_feature_dim", query_feature_dim),
                             ("hidden_dim", hidden_dim)):
@@ -110,9 +125,10 @@ class AdditiveAttention(AttentionLayer):
                 raise ValueError(f"mask must be boolean (True = may attend), got {mask.dtype}")
             scores = scores.masked_fill(~mask, float("-inf"))
         # The scores enter the attention operator as an additive mask over zero dot products:
-        # softmax(0 + scores)·features, with the operator's masking rules and its gradient
-        # for the mask.
+        # normalize(0 + scores)·features, with the operator's normalizers, masking rules and
+        # gradient for the mask.
         zeros_q = queries.new_zeros(queries.shape[0], queries.shape[1], 1)
         zeros_k = features.new_zeros(features.shape[0], features.shape[1], 1)
         return scaled_dot_product_attention(zeros_q, zeros_k, features, attn_mask=scores,
-                                            need_weights=True)
+                                            need_weights=True, normalizer=self.normalizer,
+                                            alpha=self.alpha)

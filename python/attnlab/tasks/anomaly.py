@@ -17,6 +17,7 @@ from ..features import cifar_resnet_features, fashion_features
 from ..models import TransformerPredictor
 from ..train import Task, TrainConfig, leaders_first, model_device
 from .anomaly_sets import SET_SIZE, sample_sets, validation_split
+from .sparsity import attention_zero_counts, check_experiment_normalizer, normalizer_suffix
 
 
 DATASETS = ("fashion-mnist", "cifar100")
@@ -36,10 +37,12 @@ class AnomalyConfig:
     input_dropout: float = 0.1
     batch_size: int = 64
     sets_per_epoch: int | None = None  # None: one set per training image, as the tutorial
+    normalizer: str = "softmax"      # the attention's: softmax, sparsemax or entmax15
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         epochs=100, lr=5e-4, warmup=100, grad_clip=2.0))
 
     def __post_init__(self):
+        check_experiment_normalizer(self.normalizer)
         if self.dataset not in DATASETS:
             raise ValueError(f"dataset must be one of {', '.join(DATASETS)}, got {self.dataset!r}")
         if self.dataset == "cifar100" and self.data is None:
@@ -113,7 +116,8 @@ def make_task(config: AnomalyConfig, progress: bool = True,
     model = TransformerPredictor(input_dim=train_features.shape[1], model_dim=config.model_dim,
                                  num_classes=1, num_heads=config.num_heads,
                                  num_layers=config.num_layers, dropout=config.dropout,
-                                 input_dropout=config.input_dropout, positional_encoding=False)
+                                 input_dropout=config.input_dropout, positional_encoding=False,
+                                 normalizer=config.normalizer)
     if device is not None:
         model.to(device)
     pool_size = len(pools["train"][1])
@@ -132,27 +136,34 @@ def make_task(config: AnomalyConfig, progress: bool = True,
         return F.cross_entropy(logits.squeeze(-1), targets)
 
     @torch.no_grad()
-    def picks(model, split, rows=slice(None)):  # the element called the anomaly, per set
+    def picks(model, split, rows=slice(None)):
+        """The element called the anomaly, per set, and the (exactly-zero, counted) weights of
+        the sets' attention maps (every layer, head and row)."""
         model.eval()
         device = model_device(model)
         sets = fixed[split][rows]
-        if len(sets) == 0:
-            return torch.empty(0, dtype=torch.long)
-        return torch.cat([model(pools[split][0][chunk].to(device)).squeeze(-1).argmax(-1).cpu()
-                          for chunk in sets.split(500)])
+        found, zeros, weights = [], 0, 0
+        for chunk in sets.split(500):
+            inputs = pools[split][0][chunk].to(device)
+            found.append(model(inputs).squeeze(-1).argmax(-1).cpu())
+            chunk_zeros, chunk_weights = attention_zero_counts(model.get_attention_maps(inputs))
+            zeros, weights = zeros + chunk_zeros, weights + chunk_weights
+        return (torch.cat(found) if found else torch.empty(0, dtype=torch.long)), zeros, weights
 
     def evaluate(model, split):
-        found = picks(model, split)
-        return {"accuracy": (found == SET_SIZE - 1).float().mean().item()}
+        found, zeros, weights = picks(model, split)
+        return {"accuracy": (found == SET_SIZE - 1).float().mean().item(),
+                "attention_zero_fraction": zeros / weights}
 
     def evaluate_sums(model, split, rank=0, world_size=1):
-        found = picks(model, split, slice(rank, None, world_size))
-        return {"accuracy": (int((found == SET_SIZE - 1).sum()), len(found))}
+        found, zeros, weights = picks(model, split, slice(rank, None, world_size))
+        return {"accuracy": (int((found == SET_SIZE - 1).sum()), len(found)),
+                "attention_zero_fraction": (zeros, weights)}
 
     def accuracy(logits, targets):
         return (logits.squeeze(-1).argmax(-1) == targets).float().mean()
 
-    return Task(name="anomaly", model=model, train_batches=train_batches,
+    return Task(name=task_name(config), model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
                 final_splits=("train", "val", "test"), evaluate_sums=evaluate_sums,
                 select_best="accuracy",  # the tutorial tests its best-validation checkpoint
@@ -170,6 +181,18 @@ def attention_example(task: Task):
     maps = [m.cpu() for m in maps]
     classes = task.examples["classes"]
     return maps, [classes[c][:7] for c in task.examples["test_labels"][first[0]].tolist()]
+
+
+def task_name(config: AnomalyConfig) -> str:
+    """"anomaly", or "anomaly (sparsemax)" / "anomaly (entmax15)": the name a checkpoint is
+    written under, so that a run never resumes one trained with another normalizer."""
+    return "anomaly" if config.normalizer == "softmax" else f"anomaly ({config.normalizer})"
+
+
+def run_name(config: AnomalyConfig) -> str:
+    """The default output folder's name: "anomaly", "anomaly-sparsemax" or
+    "anomaly-entmax15"."""
+    return "anomaly" + normalizer_suffix(config.normalizer)
 
 
 @torch.no_grad()

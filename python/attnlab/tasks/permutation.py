@@ -16,6 +16,7 @@ from .. import plot
 from ..nn import (AdditiveAttention, MultiplicativeAttention, PositionalEncoder,
                   ScaledDotProductAttention, autoregressive_mask)
 from ..train import Task, TrainConfig, model_device
+from .sparsity import attention_zero_counts, check_experiment_normalizer, normalizer_suffix
 
 ATTENTION_KINDS = ("additive", "multiplicative", "scaled")
 POSITION_MODES = ("add", "concat", "none")
@@ -55,6 +56,8 @@ class PermutationConfig:
     # that about half the seeds find: attend to everything *but* p₂[i] and name the digit
     # missing from the mix (see the experiment's page).
     readout_init: str = "embedding"
+    # How every attention kind turns its scores into weights: softmax, sparsemax or entmax15.
+    normalizer: str = "softmax"
     batch_size: int = 64
     batches_per_epoch: int = 500
     val_size: int = 1_000
@@ -64,6 +67,7 @@ class PermutationConfig:
 
     def __post_init__(self):
         check_choices(self.attention, self.position, self.readout_init)
+        check_experiment_normalizer(self.normalizer)
         if self.n < 2:
             raise ValueError(f"n (the permutation length) must be at least 2, got {self.n}")
         for name in ("embed_dim", "additive_hidden", "batch_size", "batches_per_epoch",
@@ -76,10 +80,12 @@ class PermutationConfig:
     @property
     def variant(self) -> str:
         """Short name of the model variant, e.g. "scaled-add-autoregressive" (with
-        "-random-readout" when the output layer starts at PyTorch's default)."""
+        "-random-readout" when the output layer starts at PyTorch's default, and the normalizer
+        last unless it is softmax: "scaled-add-autoregressive-sparsemax")."""
         return "-".join([self.attention, self.position]
                         + (["autoregressive"] if self.autoregressive else [])
-                        + (["random-readout"] if self.readout_init == "random" else []))
+                        + (["random-readout"] if self.readout_init == "random" else [])) \
+            + normalizer_suffix(self.normalizer)
 
 
 def default_config(seed: int = 0) -> PermutationConfig:
@@ -121,11 +127,16 @@ class PermutationModel(nn.Module):
 
     ``readout_init="embedding"`` starts the output Linear with the digit embeddings as its
     rows (zero for the concatenated positional part, zero bias): the logit of digit c starts
-    as the match of what was read with c's embedding. ``"random"`` keeps PyTorch's default."""
+    as the match of what was read with c's embedding. ``"random"`` keeps PyTorch's default.
+
+    ``normalizer`` (``"softmax"``, ``"sparsemax"``, ``"entmax15"``, or ``"entmax"`` with
+    ``alpha``) is how every attention kind turns its scores into weights, through the
+    attention operator."""
 
     def __init__(self, n: int, embed_dim: int, attention: str = "scaled", position: str = "add",
                  autoregressive: bool = False, additive_hidden: int = 32,
-                 position_scale: float = 0.1, readout_init: str = "embedding"):
+                 position_scale: float = 0.1, readout_init: str = "embedding",
+                 normalizer: str = "softmax", alpha: float | None = None):
         super().__init__()
         check_choices(attention, position, readout_init)
         self.n, self.autoregressive = n, autoregressive
@@ -136,10 +147,11 @@ class PermutationModel(nn.Module):
         width = embed_dim + (self.positions.extra_output_shape if self.positions else 0)
         # The queries are as wide as the objects, as the dot-product kinds need.
         self.lstm = nn.LSTM(width, width, batch_first=True)
-        self.attention = (AdditiveAttention(width, width, additive_hidden)
+        chosen = dict(normalizer=normalizer, alpha=alpha)
+        self.attention = (AdditiveAttention(width, width, additive_hidden, **chosen)
                           if attention == "additive" else
-                          MultiplicativeAttention() if attention == "multiplicative" else
-                          ScaledDotProductAttention())
+                          MultiplicativeAttention(**chosen) if attention == "multiplicative" else
+                          ScaledDotProductAttention(**chosen))
         self.output = nn.Linear(width, n)
         if readout_init == "embedding":  # overwrites, draws nothing: the rest is as "random"
             with torch.no_grad():
@@ -173,7 +185,7 @@ class PermutationModel(nn.Module):
 def make_model(config: PermutationConfig) -> PermutationModel:
     return PermutationModel(config.n, config.embed_dim, config.attention, config.position,
                             config.autoregressive, config.additive_hidden, config.position_scale,
-                            config.readout_init)
+                            config.readout_init, config.normalizer)
 
 
 def argmax_on_p2(weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
@@ -181,6 +193,15 @@ def argmax_on_p2(weights: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
     position p₂[i], the place where p₃[i] = p₁[p₂[i]] is read from."""
     n = inputs.shape[1] // 2
     return (weights[:, n:].argmax(-1) == inputs[:, n:]).float().mean()
+
+
+def answer_rows_allowed(n: int, autoregressive: bool, device=None) -> torch.Tensor | None:
+    """The positions the answer rows n..2n−1 (the queries whose outputs are predicted) may
+    attend to, [n, 2n] boolean: all of them, or with ``autoregressive`` the keys j <= n + i
+    (None when nothing is masked)."""
+    if not autoregressive:
+        return None
+    return autoregressive_mask(2 * n, device)[n:]
 
 
 def make_task(config: PermutationConfig, device: str | torch.device | None = None) -> Task:
@@ -208,13 +229,19 @@ def make_task(config: PermutationConfig, device: str | torch.device | None = Non
         device = model_device(model)
         inputs, targets = (part[rank::world_size].to(device) for part in splits[split])
         correct = agree = 0.0
+        zeros = weights = 0
+        allowed = answer_rows_allowed(n, config.autoregressive, device)
         for chunk_in, chunk_target in zip(inputs.split(1000), targets.split(1000)):
             if len(chunk_in) == 0:  # a share of a split smaller than the processes
                 break
             logits = model(chunk_in)
             correct += (logits[:, n:].argmax(-1) == chunk_target[:, n:]).sum().item()
-            agree += argmax_on_p2(model.attention.last_weights, chunk_in).item() * len(chunk_in)
-        return {"accuracy": (correct, len(inputs) * n), "argmax_on_p2": (agree, len(inputs))}
+            maps = model.attention.last_weights
+            agree += argmax_on_p2(maps, chunk_in).item() * len(chunk_in)
+            chunk_zeros, chunk_weights = attention_zero_counts([maps[:, n:]], allowed)
+            zeros, weights = zeros + chunk_zeros, weights + chunk_weights
+        return {"accuracy": (correct, len(inputs) * n), "argmax_on_p2": (agree, len(inputs)),
+                "attention_zero_fraction": (zeros, weights)}
 
     def evaluate(model, split):
         return {name: numerator / denominator

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..models import TransformerPredictor
 from ..train import Task, TrainConfig, model_device
+from .sparsity import attention_zero_counts, check_experiment_normalizer, normalizer_suffix
 
 
 @dataclass
@@ -24,10 +25,12 @@ class ReverseConfig:
     model_dim: int = 32
     num_heads: int = 1
     num_layers: int = 1
+    normalizer: str = "softmax"  # the attention's: softmax, sparsemax or entmax15
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
         epochs=10, lr=5e-4, warmup=50, grad_clip=5.0))
 
     def __post_init__(self):
+        check_experiment_normalizer(self.normalizer)
         if self.seq_len < 1 or self.num_classes < 2:
             raise ValueError(f"need seq_len >= 1 and num_classes >= 2, got {self.seq_len}, "
                              f"{self.num_classes}")
@@ -67,7 +70,7 @@ def make_task(config: ReverseConfig, device: str | torch.device | None = None) -
     torch.manual_seed(config.train.seed)
     model = TransformerPredictor(input_dim=config.num_classes, model_dim=config.model_dim,
                                  num_classes=config.num_classes, num_heads=config.num_heads,
-                                 num_layers=config.num_layers)
+                                 num_layers=config.num_layers, normalizer=config.normalizer)
     if device is not None:
         model.to(device)
     batches = config.train_size // config.batch_size  # the last partial batch is dropped
@@ -86,18 +89,25 @@ def make_task(config: ReverseConfig, device: str | torch.device | None = None) -
         model.eval()
         device = model_device(model)
         digits = splits[split][rank::world_size]
-        correct = sum((model(one_hot(chunk, config.num_classes)).argmax(-1) == chunk.flip(1))
-                      .sum().item() for chunk in digits.to(device).split(1000) if len(chunk))
-        return {"accuracy": (correct, digits.numel())}
+        correct = zeros = weights = 0
+        for chunk in digits.to(device).split(1000):
+            if len(chunk) == 0:
+                continue
+            inputs = one_hot(chunk, config.num_classes)
+            correct += (model(inputs).argmax(-1) == chunk.flip(1)).sum().item()
+            chunk_zeros, chunk_weights = attention_zero_counts(model.get_attention_maps(inputs))
+            zeros, weights = zeros + chunk_zeros, weights + chunk_weights
+        return {"accuracy": (correct, digits.numel()),
+                "attention_zero_fraction": (zeros, weights)}
 
     def evaluate(model, split):
-        correct, total = evaluate_sums(model, split)["accuracy"]
-        return {"accuracy": correct / total}
+        return {name: numerator / denominator
+                for name, (numerator, denominator) in evaluate_sums(model, split).items()}
 
     def accuracy(logits, targets):
         return (logits.argmax(-1) == targets).float().mean()
 
-    return Task(name="reverse", model=model, train_batches=train_batches,
+    return Task(name=task_name(config), model=model, train_batches=train_batches,
                 batches_per_epoch=batches, loss=loss, evaluate=evaluate, accuracy=accuracy,
                 evaluate_sums=evaluate_sums,
                 select_best="accuracy",  # the tutorial tests its best-validation checkpoint
@@ -110,3 +120,15 @@ def attention_example(task: Task):
     inputs = task.examples["attention"]
     maps = task.model.get_attention_maps(inputs.to(model_device(task.model)))
     return [m.cpu() for m in maps], [str(d) for d in inputs[0].argmax(-1).tolist()]
+
+
+def task_name(config: ReverseConfig) -> str:
+    """"reverse", or "reverse (sparsemax)" / "reverse (entmax15)": the name a checkpoint is
+    written under, so that a run never resumes one trained with another normalizer."""
+    return "reverse" if config.normalizer == "softmax" else f"reverse ({config.normalizer})"
+
+
+def run_name(config: ReverseConfig) -> str:
+    """The default output folder's name: "reverse", or "reverse-sparsemax" /
+    "reverse-entmax15"."""
+    return "reverse" + normalizer_suffix(config.normalizer)

@@ -513,17 +513,20 @@ ATTNLAB_INLINE void small_sparse_rows_dispatch(double alpha, int64_t rows, int64
                                                int64_t visible_base, T scale, T* out, T* tau,
                                                T* support_value, T* weights,
                                                int64_t ld_weights) {
-  const auto run = [&](auto impl) {
-    impl(alpha, rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld, visible_base,
-         scale, out, tau, support_value, weights, ld_weights);
-  };
+  // (Called directly, not through a pointer: the always-inline kernels must be inlined into
+  // each per-ISA clone, or they would be compiled once for the baseline instruction set.)
+#define ATTNLAB_SMALL_SPARSE_ROWS(...)                                                         \
+  small_sparse_rows_impl<__VA_ARGS__>(alpha, rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, \
+                                      mask, mask_ld, visible_base, scale, out, tau,           \
+                                      support_value, weights, ld_weights)
   if (alpha == 2.0) {
-    run(small_sparse_rows_impl<T, false>);
+    ATTNLAB_SMALL_SPARSE_ROWS(T, false);
   } else if (alpha == 1.5) {
-    run(small_sparse_rows_impl<T, true>);
+    ATTNLAB_SMALL_SPARSE_ROWS(T, true);
   } else {
-    run(small_sparse_rows_impl<T, false, true>);
+    ATTNLAB_SMALL_SPARSE_ROWS(T, false, true);
   }
+#undef ATTNLAB_SMALL_SPARSE_ROWS
 }
 
 template <typename T>
@@ -532,17 +535,18 @@ ATTNLAB_INLINE void small_sparse_backward_dispatch(
     int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask,
     int64_t mask_ld, int64_t visible_base, T scale, const T* dout, int64_t ld_dout,
     const T* tau, const T* delta, const T* probs, T* dq, T* dk, T* dv, T* dmask) {
-  const auto run = [&](auto impl) {
-    impl(alpha, len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld, visible_base,
-         scale, dout, ld_dout, tau, delta, probs, dq, dk, dv, dmask);
-  };
+#define ATTNLAB_SMALL_SPARSE_BACKWARD(...)                                                      \
+  small_sparse_backward_impl<__VA_ARGS__>(alpha, len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, \
+                                          ldv, mask, mask_ld, visible_base, scale, dout,        \
+                                          ld_dout, tau, delta, probs, dq, dk, dv, dmask)
   if (alpha == 2.0) {
-    run(small_sparse_backward_impl<T, false>);
+    ATTNLAB_SMALL_SPARSE_BACKWARD(T, false);
   } else if (alpha == 1.5) {
-    run(small_sparse_backward_impl<T, true>);
+    ATTNLAB_SMALL_SPARSE_BACKWARD(T, true);
   } else {
-    run(small_sparse_backward_impl<T, false, true>);
+    ATTNLAB_SMALL_SPARSE_BACKWARD(T, false, true);
   }
+#undef ATTNLAB_SMALL_SPARSE_BACKWARD
 }
 
 }  // namespace

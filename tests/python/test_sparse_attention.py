@@ -618,12 +618,16 @@ def test_half_precision_on_the_cpu_computes_in_float32(normalizer, dtype):
 
 
 # ---- the register-resident path: every key in one vector -------------------------------------
-# Sparsemax and entmax-1.5 take it when L_k <= 16 (float32) or 8 (float64) and E, E_v <= 256;
+# Sparsemax, entmax-1.5 and α-entmax (here α = 1.25 and 1.75; α = 3 in the float64 gradcheck:
+# for α > 2, s = p^{2−α} grows without bound as p → 0, so float32 gradients recomputed from
+# the stored τ are ill-conditioned on either path) take it when L_k <= 16 (float32) or 8
+# (float64) and E, E_v <= 256;
 # the cases sit just below and above those limits, so that both paths are checked against the
 # reference at the same settings.
 
 SMALL_LIMIT = {torch.float32: 16, torch.float64: 8}
-SMALL_NORMALIZERS = [("sparsemax", None), ("entmax15", None)]
+SMALL_NORMALIZERS = [("sparsemax", None), ("entmax15", None), ("entmax", 1.25), ("entmax", 1.75)]
+SMALL_IDS = ["sparsemax", "entmax15", "entmax-1.25", "entmax-1.75"]
 SMALL_CASES = [
     # (dtype, len_k, dim, dim_v)
     (dtype, SMALL_LIMIT[dtype] + dk, dim, dim_v)
@@ -645,7 +649,7 @@ def small_problem(dtype, len_q, len_k, dim, dim_v, seed):
 
 
 @pytest.mark.parametrize("case", SMALL_CASES, ids=lambda c: f"{str(c[0])[-7:]}-Lk{c[1]}-E{c[2]}-Ev{c[3]}")
-@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=SMALL_IDS)
 def test_small_path_limits_forward_and_gradients(normalizer, alpha, case):
     dtype, len_k, dim, dim_v = case
     a = ref.alpha_of(normalizer, alpha)
@@ -681,7 +685,7 @@ def test_small_path_limits_forward_and_gradients(normalizer, alpha, case):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
-@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=SMALL_IDS)
 def test_small_path_agrees_with_the_blocked_path(normalizer, alpha, dtype):
     # One more key, masked out everywhere, sends the same problem down the blocked path.
     limit = SMALL_LIMIT[dtype]
@@ -699,7 +703,7 @@ def test_small_path_agrees_with_the_blocked_path(normalizer, alpha, dtype):
         assert torch.equal(w_b[..., limit], torch.zeros_like(w_b[..., limit]))
 
 
-@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=SMALL_IDS)
 def test_small_path_ties_nan_rows_and_one_key(normalizer, alpha):
     for dtype in (torch.float32, torch.float64):
         limit = SMALL_LIMIT[dtype]
@@ -736,7 +740,8 @@ def test_small_path_ties_nan_rows_and_one_key(normalizer, alpha):
         torch.testing.assert_close(out, v.expand(2, 3, v.shape[-1]))
 
 
-@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=["sparsemax", "entmax15"])
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS + [("entmax", 3.0)],
+                         ids=SMALL_IDS + ["entmax-3"])
 def test_small_path_gradcheck_float64(normalizer, alpha):
     # L_k = 8, the float64 limit, with a float mask, the causal mask and a fully masked row.
     q = make(2, 9, 3, seed=170).requires_grad_()

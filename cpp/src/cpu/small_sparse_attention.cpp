@@ -71,6 +71,122 @@ ATTNLAB_INLINE Doubles8 halves_sum(const Vec<float>& x) {
   return lo + hi;
 }
 
+// ---- α-entmax (any other α): the threshold by Newton steps and bisection, in double lanes ----
+
+// A row of T lanes as kHalves<T> vectors of eight doubles, and back.
+template <typename T>
+constexpr int kHalves = sizeof(T) == sizeof(float) ? 2 : 1;
+template <typename T>
+ATTNLAB_INLINE void to_doubles(const Vec<T>& x, Doubles8* out) {
+  if constexpr (sizeof(T) == sizeof(double)) {
+    out[0] = x;
+  } else {
+    halves(x, &out[0], &out[1]);
+  }
+}
+template <typename T>
+ATTNLAB_INLINE Vec<T> from_doubles(const Doubles8* x) {
+  if constexpr (sizeof(T) == sizeof(double)) {
+    return x[0];
+  } else {
+    typedef float Floats8 __attribute__((vector_size(32)));
+    const Floats8 lo = __builtin_convertvector(x[0], Floats8);
+    const Floats8 hi = __builtin_convertvector(x[1], Floats8);
+    return __builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  }
+}
+
+typedef int64_t Int64x8 __attribute__((vector_size(64)));
+
+// ln 2 in two parts: the first has trailing zero bits, so n·kLn2High is exact for |n| < 2^11.
+constexpr double kLn2High = 6.93147180369123816490e-01;
+constexpr double kLn2Low = 1.90821492927058770002e-10;
+
+// log(x) lane by lane for positive normal x, branch-free (vectorizes): x = m·2^e with m in
+// [√½, √2), log m = 2·atanh(f) with f = (m − 1)/(m + 1), |f| <= 0.172, from its odd series up
+// to f^23 (truncation below 1e-18 relative).
+ATTNLAB_INLINE Doubles8 log_lanes(Doubles8 x) {
+  Int64x8 bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const Int64x8 mantissa_bits = (bits & 0x000fffffffffffffLL) | 0x3ff0000000000000LL;
+  Doubles8 m;
+  std::memcpy(&m, &mantissa_bits, sizeof(m));  // in [1, 2)
+  const Int64x8 exponent = ((bits >> 52) & 0x7ff) - 1023;
+  Doubles8 e = __builtin_convertvector(exponent, Doubles8);
+  e = m > 1.4142135623730951 ? e + 1.0 : e;
+  m = m > 1.4142135623730951 ? 0.5 * m : m;
+  const Doubles8 f = (m - 1.0) / (m + 1.0), f2 = f * f;
+  Doubles8 series = Doubles8{} + 1.0 / 23;
+  for (int k = 10; k >= 0; --k) series = series * f2 + 1.0 / (2 * k + 1);
+  return e * kLn2High + (e * kLn2Low + 2.0 * f * series);
+}
+
+// exp(y) lane by lane, branch-free: y = n·ln2 + g with |g| <= ln2/2, exp(g) from its Taylor
+// series to degree 13 (truncation below 1e-17 relative), 2^n from the exponent bits. 0 below
+// −708 (no subnormal results), +inf above 709.
+ATTNLAB_INLINE Doubles8 exp_lanes(Doubles8 y) {
+  const Doubles8 yc = y < -708.0 ? -708.0 : (y > 709.0 ? 709.0 : y);
+  // Adding 1.5·2^52 rounds to the nearest integer.
+  constexpr double kRound = 6755399441055744.0;
+  const Doubles8 n = (yc * 1.4426950408889634 + kRound) - kRound;
+  const Doubles8 g = (yc - n * kLn2High) - n * kLn2Low;
+  double inverse_factorial[14];
+  inverse_factorial[0] = 1;
+  for (int k = 1; k < 14; ++k) inverse_factorial[k] = inverse_factorial[k - 1] / k;
+  Doubles8 poly = Doubles8{} + inverse_factorial[13];
+  for (int k = 12; k >= 0; --k) poly = poly * g + inverse_factorial[k];
+  const Int64x8 bits = (__builtin_convertvector(n, Int64x8) + 1023) << 52;
+  Doubles8 two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  const Doubles8 result = poly * two_n;
+  return y < -708.0 ? 0.0 : (y > 709.0 ? std::numeric_limits<double>::infinity() : result);
+}
+
+// x^e on the lanes where x > 0, 0 elsewhere (x below the normal range is taken at its bottom).
+ATTNLAB_INLINE Doubles8 pow_positive_lanes(Doubles8 x, double e) {
+  const Doubles8 safe = x > 0.0 ? (x < 2.2250738585072014e-308 ? 2.2250738585072014e-308 : x)
+                                : 1.0;
+  const Doubles8 power = exp_lanes(e * log_lanes(safe));
+  return x > 0.0 ? power : 0.0;
+}
+
+// The α-entmax threshold of c (H vectors of doubles, −inf on hidden keys), as the blocked
+// path's bisect_threshold: f(τ) = Σ_j [c_j − τ]_+^r − 1 on [−1, −(1/m)^{α−1}] (m: the row's
+// visible keys), Newton steps kept inside the bracket and bisection otherwise, until the step or
+// the bracket is below tol; each step is a few vector operations over the whole row.
+template <int H>
+ATTNLAB_INLINE double lane_bisect_threshold(const Doubles8* c, int64_t m, double am1, double r,
+                                            double tol) {
+  double lo = -1, hi = -std::pow(1.0 / static_cast<double>(m), am1);
+  if (!(hi > lo)) return lo;  // m = 1: the one candidate takes everything
+  const auto add = [](Doubles8 a, Doubles8 b) { return a + b; };
+  double t = lo;
+  for (int step_count = 0; step_count < 200; ++step_count) {
+    Doubles8 f_lanes = {}, df_lanes = {};  // Σ d^r and Σ d^{r−1} over d = c − t > 0
+    for (int h = 0; h < H; ++h) {
+      const Doubles8 d = c[h] - t;
+      const Doubles8 pd = pow_positive_lanes(d, r);
+      f_lanes += pd;
+      df_lanes += d > 0.0 ? pd / d : 0.0;
+    }
+    const double f = reduce_lanes<double>(f_lanes, add) - 1;
+    const double df = reduce_lanes<double>(df_lanes, add);
+    if (f > 0) {
+      lo = t;
+    } else if (f < 0) {
+      hi = t;
+    } else {
+      return t;
+    }
+    double next = t + f / (r * df);
+    if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);
+    const bool done = std::abs(next - t) <= tol || hi - lo <= tol;
+    t = next;
+    if (done) break;
+  }
+  return t;
+}
+
 // The threshold of one row of values c = (α − 1)·(z − max z) (−inf on hidden keys, 0 at the
 // max), relative to the max: see the header. Returns τ (double), sets *in to the support (1 or
 // 0 per lane) and *support_sum to Σ_j s_j there (sparsemax: the support's size; entmax-1.5:
@@ -136,15 +252,16 @@ ATTNLAB_INLINE double lane_threshold(const Vec<T>& c, int64_t len_k, Vec<T>* in,
   return tau;
 }
 
-template <typename T, bool kEntmax15>
-ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t dim_qk,
+// kEntmax15: α = 1.5; kBisect: any other α but 2 (alpha), by lane_bisect_threshold.
+template <typename T, bool kEntmax15, bool kBisect = false>
+ATTNLAB_INLINE void small_sparse_rows_impl(double alpha, int64_t rows, int64_t len_k, int64_t dim_qk,
                                            int64_t dim_v, const T* q, int64_t ldq, const T* k,
                                            int64_t ldk, const T* v, int64_t ldv, const T* mask,
                                            int64_t mask_ld, int64_t visible_base, T scale,
                                            T* out, T* tau, T* support_value, T* weights,
                                            int64_t ld_weights) {
   constexpr int64_t L = kLanes<T>;
-  constexpr double am1 = kEntmax15 ? 0.5 : 1.0;  // α − 1
+  const double am1 = kBisect ? alpha - 1 : (kEntmax15 ? 0.5 : 1.0);  // α − 1
   alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ: feature e of every key, one per lane
   transpose_rows(k, ldk, len_k, dim_qk, kt);
   // vp[j·value_vectors + c]: value row j in whole vectors, zero-padded.
@@ -188,20 +305,41 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
       }
       row_live[i] = true;
       const Vec<T> c = static_cast<T>(am1) * (z - row_max);
-      Vec<T> in;
-      double support_sum;
-      const double tau_rel = lane_threshold<T, kEntmax15>(c, len_k, &in, &support_sum);
-      const Vec<T> d = c - static_cast<T>(tau_rel);
-      const Vec<T> dp = in * (d > T(0) ? d : T(0));  // in: 1 on the support, else 0
+      double tau_rel;
       Vec<T> pi, si;
-      if constexpr (kEntmax15) {
-        pi = dp * dp;
-        si = dp;
+      if constexpr (kBisect) {
+        // p = d^r/Σ d^r and s = d^{r−1}/Σ d^{r−1} for d = c − τ > 0, in double.
+        constexpr int H = kHalves<T>;
+        const double r = 1 / am1;
+        Doubles8 cd[H], pd[H], sd[H];
+        to_doubles<T>(c, cd);
+        tau_rel = lane_bisect_threshold<H>(cd, visible, am1, r, sizeof(T) == 4 ? 1e-10 : 1e-15);
+        Doubles8 sum_p = {}, sum_s = {};
+        for (int h = 0; h < H; ++h) {
+          const Doubles8 d = cd[h] - tau_rel;
+          pd[h] = pow_positive_lanes(d, r);
+          sd[h] = d > 0.0 ? pd[h] / d : 0.0;
+          sum_p += pd[h];
+          sum_s += sd[h];
+        }
+        const auto add = [](Doubles8 a, Doubles8 b) { return a + b; };
+        pi = from_doubles<T>(pd) * static_cast<T>(1 / reduce_lanes<double>(sum_p, add));
+        si = from_doubles<T>(sd) * static_cast<T>(1 / reduce_lanes<double>(sum_s, add));
       } else {
-        pi = dp;
-        si = dp > T(0) ? T(1) : T(0);
+        Vec<T> in;
+        double support_sum;
+        tau_rel = lane_threshold<T, kEntmax15>(c, len_k, &in, &support_sum);
+        const Vec<T> d = c - static_cast<T>(tau_rel);
+        const Vec<T> dp = in * (d > T(0) ? d : T(0));  // in: 1 on the support, else 0
+        if constexpr (kEntmax15) {
+          pi = dp * dp;
+          si = dp;
+        } else {
+          pi = dp;
+          si = dp > T(0) ? T(1) : T(0);
+        }
+        si *= static_cast<T>(1 / support_sum);
       }
-      si *= static_cast<T>(1 / support_sum);
       std::memcpy(p[i], &pi, sizeof(pi));
       std::memcpy(sn[i], &si, sizeof(si));
       if (w) store_part(w, pi, len_k);
@@ -227,14 +365,15 @@ ATTNLAB_INLINE void small_sparse_rows_impl(int64_t rows, int64_t len_k, int64_t 
   }
 }
 
-template <typename T, bool kEntmax15>
+template <typename T, bool kEntmax15, bool kBisect = false>
 ATTNLAB_INLINE void small_sparse_backward_impl(
-    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
+    double alpha, int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
     const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* tau, const T* delta,
     const T* probs, T* dq, T* dk, T* dv, T* dmask) {
   constexpr int64_t L = kLanes<T>;
-  constexpr T am1 = kEntmax15 ? T(0.5) : T(1);  // α − 1
+  constexpr int H = kHalves<T>;
+  const T am1 = kBisect ? static_cast<T>(alpha - 1) : (kEntmax15 ? T(0.5) : T(1));  // α − 1
   const int64_t qk_vectors = (dim_qk + L - 1) / L;
   alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ, to recompute the scores
   alignas(64) Vec<T> vt[kSmallAttentionMaxDim];  // Vᵀ: dP_i = Σ_c dO[i, c]·vt[c]
@@ -262,7 +401,15 @@ ATTNLAB_INLINE void small_sparse_backward_impl(
     if (probs) {
       for (int64_t i = 0; i < kGroup; ++i) {
         prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
-        if constexpr (kEntmax15) {
+        if constexpr (kBisect) {
+          // s = p^{2−α} in double where p > 0 (0 stays 0, NaN stays NaN).
+          Doubles8 pd[H];
+          to_doubles<T>(prob[i], pd);
+          for (int h = 0; h < H; ++h) {
+            pd[h] = pd[h] > 0.0 ? pow_positive_lanes(pd[h], 2 - alpha) : pd[h];
+          }
+          sup[i] = from_doubles<T>(pd);
+        } else if constexpr (kEntmax15) {
           alignas(64) T root[L];
           std::memcpy(root, &prob[i], sizeof(root));
           for (int64_t j = 0; j < L; ++j) root[j] = std::sqrt(root[j]);
@@ -286,7 +433,17 @@ ATTNLAB_INLINE void small_sparse_backward_impl(
             row_scores(s[i], scale, mask ? mask + r * mask_ld : nullptr, len_k, visible, lane);
         const Vec<T> d = am1 * z - t;
         const Vec<T> dp = d > T(0) ? d : T(0);
-        if constexpr (kEntmax15) {
+        if constexpr (kBisect) {
+          // p = d^r and s = d^{r−1} in double, as the blocked backward (no renormalising).
+          Doubles8 dd[H], pd[H], sd[H];
+          to_doubles<T>(d, dd);
+          for (int h = 0; h < H; ++h) {
+            pd[h] = pow_positive_lanes(dd[h], 1 / (alpha - 1));
+            sd[h] = dd[h] > 0.0 ? pd[h] / dd[h] : 0.0;
+          }
+          prob[i] = from_doubles<T>(pd);
+          sup[i] = from_doubles<T>(sd);
+        } else if constexpr (kEntmax15) {
           prob[i] = dp * dp;
           sup[i] = dp;
         } else {
@@ -356,15 +513,20 @@ ATTNLAB_INLINE void small_sparse_rows_dispatch(double alpha, int64_t rows, int64
                                                int64_t visible_base, T scale, T* out, T* tau,
                                                T* support_value, T* weights,
                                                int64_t ld_weights) {
-  if (alpha == 1.5) {
-    small_sparse_rows_impl<T, true>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                    mask_ld, visible_base, scale, out, tau, support_value,
-                                    weights, ld_weights);
+  // (Called directly, not through a pointer: the always-inline kernels must be inlined into
+  // each per-ISA clone, or they would be compiled once for the baseline instruction set.)
+#define ATTNLAB_SMALL_SPARSE_ROWS(...)                                                         \
+  small_sparse_rows_impl<__VA_ARGS__>(alpha, rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, \
+                                      mask, mask_ld, visible_base, scale, out, tau,           \
+                                      support_value, weights, ld_weights)
+  if (alpha == 2.0) {
+    ATTNLAB_SMALL_SPARSE_ROWS(T, false);
+  } else if (alpha == 1.5) {
+    ATTNLAB_SMALL_SPARSE_ROWS(T, true);
   } else {
-    small_sparse_rows_impl<T, false>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                     mask_ld, visible_base, scale, out, tau, support_value,
-                                     weights, ld_weights);
+    ATTNLAB_SMALL_SPARSE_ROWS(T, false, true);
   }
+#undef ATTNLAB_SMALL_SPARSE_ROWS
 }
 
 template <typename T>
@@ -373,15 +535,18 @@ ATTNLAB_INLINE void small_sparse_backward_dispatch(
     int64_t ldq, const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask,
     int64_t mask_ld, int64_t visible_base, T scale, const T* dout, int64_t ld_dout,
     const T* tau, const T* delta, const T* probs, T* dq, T* dk, T* dv, T* dmask) {
-  if (alpha == 1.5) {
-    small_sparse_backward_impl<T, true>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv,
-                                        mask, mask_ld, visible_base, scale, dout, ld_dout, tau,
-                                        delta, probs, dq, dk, dv, dmask);
+#define ATTNLAB_SMALL_SPARSE_BACKWARD(...)                                                      \
+  small_sparse_backward_impl<__VA_ARGS__>(alpha, len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, \
+                                          ldv, mask, mask_ld, visible_base, scale, dout,        \
+                                          ld_dout, tau, delta, probs, dq, dk, dv, dmask)
+  if (alpha == 2.0) {
+    ATTNLAB_SMALL_SPARSE_BACKWARD(T, false);
+  } else if (alpha == 1.5) {
+    ATTNLAB_SMALL_SPARSE_BACKWARD(T, true);
   } else {
-    small_sparse_backward_impl<T, false>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv,
-                                         mask, mask_ld, visible_base, scale, dout, ld_dout, tau,
-                                         delta, probs, dq, dk, dv, dmask);
+    ATTNLAB_SMALL_SPARSE_BACKWARD(T, false, true);
   }
+#undef ATTNLAB_SMALL_SPARSE_BACKWARD
 }
 
 }  // namespace

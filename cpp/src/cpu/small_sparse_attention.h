@@ -1,5 +1,5 @@
 #pragma once
-// Sparsemax and entmax-1.5 attention when every key fits in one vector (L_k <= 16 in float, 8
+// Sparsemax, entmax-1.5 and α-entmax attention when every key fits in one vector (L_k <= 16 in float, 8
 // in double): the tutorials' shapes (L = 10 or 16). As small_attention.h does for softmax, the
 // scores of a few query rows, their threshold, P and S stay in registers, instead of the
 // blocked path's GEMM, row and GEMM calls, whose per-call costs exceed the arithmetic at these
@@ -12,7 +12,10 @@
 // j is in the support exactly when that candidate's own threshold lies below y_j (for
 // sparsemax 1 + k_j·y_j > Σ_{i: y_i ≥ y_j} y_i; for entmax-1.5 the same test on the closed-form
 // threshold). All the candidates' counts and sums come from one pass of lane-wise compares;
-// τ is then solved in double on the support found.
+// τ is then solved in double on the support found. Any other α (α-entmax) solves
+// Σ_j [c_j − τ]_+^{1/(α−1)} = 1 as the blocked path does (Newton steps inside a bisection
+// bracket, in double, to the same tolerance), each step over the whole row in double vectors
+// (the powers from branch-free exp and log lanes).
 
 #include <cstdint>
 
@@ -23,12 +26,13 @@ namespace attnlab::cpu {
 // Whether the small sparse kernels take a problem of this size and normalizer.
 template <typename T>
 constexpr bool small_sparse_fits(double alpha, int64_t len_k, int64_t dim_qk, int64_t dim_v) {
-  return (alpha == 2.0 || alpha == 1.5) && len_k > 0 &&
+  return alpha > 1.0 && len_k > 0 &&
          small_attention_fits<T>(len_k, dim_qk, dim_v);
 }
 
 // rows query rows q (row stride ldq) against len_k keys k (ldk) and values v (ldv), alpha 2
-// (sparsemax) or 1.5 (entmax-1.5): out[r, :] = P_r·V and support_value[r, :] = S_r·V/ΣS_r
+// (sparsemax), 1.5 (entmax-1.5) or any other alpha > 1 (α-entmax): out[r, :] = P_r·V and
+// support_value[r, :] = S_r·V/ΣS_r
 // (row stride dim_v), tau[r] the threshold (as in sparse_attention_forward). mask (nullable):
 // additive rows with stride mask_ld. Row r sees keys j < clamp(visible_base + r, 0, len_k)
 // (kAllVisible: all). weights (nullable, row stride ld_weights) receives P over the len_k keys.

@@ -211,27 +211,9 @@ ATTNLAB_INLINE void small_attention_backward_impl(
       for (int64_t i = 0; i < group; ++i) store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
     }
   }
-  // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i: four keys at a time, accumulated in
-  // registers over the rows (each row vector loaded serves four keys).
-  const auto key_sums = [&](const T (*coeff)[L], const T* x, int64_t ldx, int64_t dim, T factor,
-                            T* dst) {
-    for (int64_t j0 = 0; j0 < len_k; j0 += kGroup) {
-      const int64_t keys = std::min(kGroup, len_k - j0);
-      for (int64_t c = 0; c * L < dim; ++c) {
-        const int64_t n = std::min(L, dim - c * L);
-        Vec<T> acc[kGroup] = {};
-        for (int64_t i = 0; i < len_q; ++i) {
-          const Vec<T> row = load_part(x + i * ldx + c * L, n);
-          for (int64_t t = 0; t < kGroup; ++t) acc[t] += coeff[i][(j0 + t) % L] * row;
-        }
-        for (int64_t t = 0; t < keys; ++t) {
-          store_part(dst + (j0 + t) * dim + c * L, acc[t] * factor, n);
-        }
-      }
-    }
-  };
-  key_sums(ds_all, q, ldq, dim_qk, scale, dk);
-  key_sums(p_all, dout, ld_dout, dim_v, T(1), dv);
+  // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
+  small_key_sums<T>(ds_all, len_q, len_k, q, ldq, dim_qk, scale, dk);
+  small_key_sums<T>(p_all, len_q, len_k, dout, ld_dout, dim_v, T(1), dv);
 }
 
 }  // namespace

@@ -85,5 +85,27 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
   for (int64_t c = 0; c * L < dim; ++c) out[c] = load_part(row + c * L, std::min(L, dim - c * L));
 }
 
+// dst_j = factor·Σ_i coeff[i][j]·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`):
+// the small backwards' dK (coeff = dS, x = Q) and dV (coeff = P, x = dO). Four keys at a time,
+// accumulated in registers over the len_q rows, so each row vector loaded serves four keys.
+template <typename T>
+ATTNLAB_INLINE void small_key_sums(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t len_k,
+                                   const T* x, int64_t ldx, int64_t dim, T factor, T* dst) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr int64_t kKeys = 4;
+  for (int64_t j0 = 0; j0 < len_k; j0 += kKeys) {
+    const int64_t keys = std::min(kKeys, len_k - j0);
+    for (int64_t c = 0; c * L < dim; ++c) {
+      const int64_t n = std::min(L, dim - c * L);
+      Vec<T> acc[kKeys] = {};
+      for (int64_t i = 0; i < len_q; ++i) {
+        const Vec<T> row = load_part(x + i * ldx + c * L, n);
+        for (int64_t t = 0; t < kKeys; ++t) acc[t] += coeff[i][(j0 + t) % L] * row;
+      }
+      for (int64_t t = 0; t < keys; ++t) store_part(dst + (j0 + t) * dim + c * L, acc[t] * factor, n);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnlab::cpu

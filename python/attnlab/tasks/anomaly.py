@@ -17,7 +17,8 @@ from ..features import cifar_resnet_features, fashion_features
 from ..models import TransformerPredictor
 from ..train import Task, TrainConfig, leaders_first, model_device
 from .anomaly_sets import SET_SIZE, sample_sets, validation_split
-from .sparsity import attention_zero_counts, check_experiment_normalizer, normalizer_suffix
+from .sparsity import (attention_zero_counts, check_experiment_normalizer,
+                       checkpoint_task_name, normalizer_suffix)
 
 
 DATASETS = ("fashion-mnist", "cifar100")
@@ -184,9 +185,9 @@ def attention_example(task: Task):
 
 
 def task_name(config: AnomalyConfig) -> str:
-    """"anomaly", or "anomaly (sparsemax)" / "anomaly (entmax15)": the name a checkpoint is
-    written under, so that a run never resumes one trained with another normalizer."""
-    return "anomaly" if config.normalizer == "softmax" else f"anomaly ({config.normalizer})"
+    """"anomaly", or "anomaly (sparsemax)" / "anomaly (entmax15)": see
+    :func:`attnlab.tasks.sparsity.checkpoint_task_name`."""
+    return checkpoint_task_name("anomaly", config.normalizer)
 
 
 def run_name(config: AnomalyConfig) -> str:

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from ..models import TransformerPredictor
 from ..train import Task, TrainConfig, model_device
-from .sparsity import attention_zero_counts, check_experiment_normalizer, normalizer_suffix
+from .sparsity import (attention_zero_counts, check_experiment_normalizer,
+                       checkpoint_task_name, normalizer_suffix)
 
 
 @dataclass
@@ -123,9 +124,9 @@ def attention_example(task: Task):
 
 
 def task_name(config: ReverseConfig) -> str:
-    """"reverse", or "reverse (sparsemax)" / "reverse (entmax15)": the name a checkpoint is
-    written under, so that a run never resumes one trained with another normalizer."""
-    return "reverse" if config.normalizer == "softmax" else f"reverse ({config.normalizer})"
+    """"reverse", or "reverse (sparsemax)" / "reverse (entmax15)": see
+    :func:`attnlab.tasks.sparsity.checkpoint_task_name`."""
+    return checkpoint_task_name("reverse", config.normalizer)
 
 
 def run_name(config: ReverseConfig) -> str:

@@ -26,6 +26,12 @@ def normalizer_suffix(normalizer: str) -> str:
     return "" if normalizer == "softmax" else f"-{normalizer}"
 
 
+def checkpoint_task_name(experiment: str, normalizer: str) -> str:
+    """``experiment`` for softmax, else e.g. "reverse (sparsemax)": the name a checkpoint is
+    written under, so that a run never resumes one trained with another normalizer."""
+    return experiment if normalizer == "softmax" else f"{experiment} ({normalizer})"
+
+
 def attention_zero_counts(maps: Iterable[torch.Tensor],
                           allowed: torch.Tensor | None = None) -> tuple[int, int]:
     """(exactly-zero weights, weights counted) over attention maps ``[..., Q, K]`` (one per

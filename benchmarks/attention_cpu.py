@@ -16,16 +16,15 @@ Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 """
 
 import argparse
-import json
 import math
-import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
 
 import attnlab
-from common import compare, machine_description, markdown_table, runner, sgemm_gflops
+from common import (compare, machine_description, markdown_table, peak_rss_mib, runner,
+                    sgemm_gflops)
 
 SHAPES = [(128, 1, 16, 32), (64, 4, 10, 64), (8, 8, 512, 64), (2, 8, 2048, 64)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -103,7 +102,7 @@ def weights_table(min_run_time):
 
 
 MEMORY_PROBE = r"""
-import json, sys, torch, attnlab
+import sys, torch, attnlab
 import torch.nn.functional as F
 which, length = sys.argv[1], int(sys.argv[2])
 torch.manual_seed(0)
@@ -117,24 +116,13 @@ def run():
     else:
         out = torch.softmax(q @ k.transpose(-2, -1) / 8.0, -1) @ v
     out.backward(grad)
-def status_kib(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-run()  # warm-up: one-time allocations (thread pools, BLAS buffers) are not the op's
-before = status_kib("VmRSS")
-with open("/proc/self/clear_refs", "w") as f:  # resets the peak (VmHWM) to the current RSS
-    f.write("5")
-run()
-print(json.dumps({"extra_mib": (status_kib("VmHWM") - before) / 1024}))
 """
 
 
 def memory_table(length=8192):
     rows = []
     for which in ("attnlab", "torch", "plain"):
-        out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, which, str(length)],
-                             capture_output=True, text=True, check=True)
-        extra = json.loads(out.stdout)["extra_mib"]
+        extra = peak_rss_mib(MEMORY_PROBE, [which, length])
         rows.append([which, length, f"{extra:.1f}"])
     return rows
 

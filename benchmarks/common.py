@@ -1,8 +1,10 @@
 """Shared timing and reporting helpers for the benchmark scripts."""
 
+import json
 import platform
 import statistics
 import subprocess
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -124,3 +126,30 @@ def classify_backend(operator_names) -> str:
         if any(fragment in name for name in operator_names):
             return backend
     return "unknown"
+
+
+# Appended to a memory probe script that defines run(): one warm-up call, then the growth of the
+# peak resident set over one more call, printed as JSON.
+_PEAK_RSS_TAIL = r"""
+import json as _json
+def _status_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+run()  # warm-up: one-time allocations (thread pools, BLAS buffers) are not the op's
+_before = _status_kib("VmRSS")
+with open("/proc/self/clear_refs", "w") as f:  # resets the peak (VmHWM) to the current RSS
+    f.write("5")
+run()
+print(_json.dumps({"extra_mib": (_status_kib("VmHWM") - _before) / 1024}))
+"""
+
+
+def peak_rss_mib(script, args, env=None):
+    """Peak resident-memory growth (MiB) of one call of the ``run()`` that ``script`` defines,
+    after one warm-up call, in a fresh Python process started with ``args`` as ``sys.argv[1:]``
+    (and ``env`` as its environment). Raises RuntimeError with the probe's stderr if it fails."""
+    out = subprocess.run([sys.executable, "-c", script + _PEAK_RSS_TAIL, *map(str, args)],
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:
+        raise RuntimeError(f"memory probe {' '.join(map(str, args))} failed:\n{out.stderr}")
+    return json.loads(out.stdout)["extra_mib"]

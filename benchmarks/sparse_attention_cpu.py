@@ -37,17 +37,15 @@ Targets (a verdict line is printed for each):
 """
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
 import attnlab
-from common import compare, machine_description, markdown_table, runner
+from common import compare, machine_description, markdown_table, peak_rss_mib, runner
 
 try:
     import entmax
@@ -297,7 +295,7 @@ def speed_verdicts(records):
 
 
 MEMORY_PROBE = r"""
-import json, sys, torch
+import sys, torch
 which, normalizer, alpha, length = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
 torch.manual_seed(0)
 q, k, v = (torch.randn(1, 1, length, 64, requires_grad=True) for _ in range(3))
@@ -319,15 +317,6 @@ def run():
     forward().backward(grad)
     for t in (q, k, v):
         t.grad = None
-def status_kib(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
-run()  # warm-up: one-time allocations (thread pools, BLAS buffers) are not the op's
-before = status_kib("VmRSS")
-with open("/proc/self/clear_refs", "w") as f:  # resets the peak (VmHWM) to the current RSS
-    f.write("5")
-run()
-print(json.dumps({"extra_mib": (status_kib("VmHWM") - before) / 1024}))
 """
 
 
@@ -337,11 +326,7 @@ def probe_memory(which, normalizer, alpha, length):
     returned to the system on free (MALLOC_MMAP_THRESHOLD_), so that memory kept by the heap
     after the warm-up run cannot hide the measured run's peak."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    out = subprocess.run([sys.executable, "-c", MEMORY_PROBE, which, normalizer, str(alpha),
-                          str(length)], capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise RuntimeError(f"memory probe {which} {normalizer} L={length} failed:\n{out.stderr}")
-    return json.loads(out.stdout)["extra_mib"]
+    return peak_rss_mib(MEMORY_PROBE, [which, normalizer, alpha, length], env=env)
 
 
 MEMORY_HEADER = ["normalizer", "L", "attnlab MiB", "attnlab MiB at L/2", "growth L/2 → L",

@@ -70,13 +70,16 @@ def test_script_prints_well_formed_tables_and_verdicts(tiny, capsys, one_thread)
                            ("(1, 2, 24, 16)", "fwd+bwd"): "(≥ 3)"}.get((row[1], row[2]), "")
         assert row[-1].endswith(expected_target) and bool(row[-1]) == bool(expected_target)
     assert all(row[-1].endswith("(≥ 2)") for row in tables[1][1])
-    assert all(row[-1].endswith("(≤ 2)") for row in tables[2][1])
+    for row in tables[2][1]:  # the softmax bound judges sparsemax and entmax-1.5 only
+        assert row[-1].endswith("(≤ 2)") == (not row[0].startswith("α-entmax"))
+        assert bool(row[-1]) == (not row[0].startswith("α-entmax"))
     verdicts = out.split("\nTargets\n")[1].strip().splitlines()
     assert len(verdicts) == 4
     assert all(line.startswith("- ") and (" met, " in line or " MISSED, " in line)
                for line in verdicts)
-    # fwd+bwd rows of 3 normalizers at the long and the tutorial shape; every row for the rest.
-    assert [line.split(" rows")[0].split(" of ")[-1] for line in verdicts] == ["3", "3", "12", "12"]
+    # fwd+bwd rows of 3 normalizers at the long and the tutorial shape; every row with weights;
+    # every row of sparsemax and entmax-1.5 against softmax.
+    assert [line.split(" rows")[0].split(" of ")[-1] for line in verdicts] == ["3", "3", "12", "8"]
 
 
 def record(normalizer, shape, passes, attnlab, weights, package, softmax, nonzero=0.25):
@@ -104,7 +107,10 @@ def test_verdicts_follow_from_the_figures():
     assert weights[3][3:] == ["4.000", "7.000", "1.75", "MISSED (≥ 2)"]
     assert weights[0][-1] == "MISSED (≥ 2)" and weights[1][5:] == ["3.20", "met (≥ 2)"]
     softmax = bench.softmax_rows(records)
-    assert softmax[2][3:] == ["1000.000", "400.000", "2.50", "MISSED (≤ 2)"]
+    assert softmax[2][3:] == ["1000.000", "400.000", "2.50", ""]  # α-entmax: not judged
+    assert softmax[0][-1] == "met (≤ 2)"
+    slow = bench.softmax_rows([record("sparsemax", (8, 8, 512, 64), "fwd", 2.5, 1, 1, 1)])
+    assert slow[0][-1] == "MISSED (≤ 2)"
     assert softmax[3][-1] == "met (≤ 2)"  # exactly 2 meets "≤ 2"
     lines = bench.speed_verdicts(records)
     assert lines[0].startswith("- fwd+bwd ≥ 3× the entmax path at L ≥ 512: MISSED, 1 of 2 rows")
@@ -112,7 +118,7 @@ def test_verdicts_follow_from_the_figures():
     assert lines[1].startswith("- fwd+bwd ≥ 1.5× the entmax path at the tutorial shapes: "
                                "MISSED, 1 of 2 rows (ratios 1.40–1.60)")
     assert lines[2].startswith("- with weights ≥ 2× the entmax path: MISSED, 1 of 5 rows")
-    assert lines[3].startswith("- sparse ≤ 2× attnlab softmax: MISSED, 4 of 5 rows")
+    assert lines[3].startswith("- sparsemax and entmax-1.5 ≤ 2× attnlab softmax: met, 4 of 4 rows")
     met = bench.speed_verdicts([record("sparsemax", (8, 8, 512, 64), "fwd+bwd", 1, 1, 4, 1)])
     assert met[0].startswith("- fwd+bwd ≥ 3× the entmax path at L ≥ 512: met, 1 of 1 rows")
     assert met[1].endswith("no row measured")

@@ -153,10 +153,18 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
                         T* grad_key, T* grad_value, T* grad_mask, T* grad_weights) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
-  std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
-  std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
-  std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
-  if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  // Every key in one vector: one register-resident pass per batch entry, which writes every
+  // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
+  // about as much as the kernel's arithmetic).
+  const bool small = p.len_q > 0 && p.len_k > 0 &&
+                     small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
+                     p.len_q <= kSmallBackwardMaxRows;
+  if (!small) {
+    std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
+    std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
+    std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
+    if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  }
   if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
   // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
@@ -168,9 +176,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     }
   });
 
-  if (p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
-      p.len_q <= kSmallBackwardMaxRows) {
-    // Every key in one vector: one register-resident pass per batch entry.
+  if (small) {
     at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
       for (int64_t b = begin; b < end; ++b) {
         const int64_t rows = b * p.len_q;

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "cpu/isa.h"
+#include "cpu/vec_math.h"
 #include "cpu/vec_transpose.h"
 
 namespace attnlab::cpu {
@@ -32,6 +34,62 @@ ATTNLAB_INLINE T reduce_lanes(Vec<T> a, Op op) {
   a = op(a, rotate<T, 2>(a, lanes));
   a = op(a, rotate<T, 1>(a, lanes));
   return a[0];
+}
+
+// exp_nonpositive and log_positive (vec_math.h) of a whole vector, written with vector
+// operations so that they compile to vector instructions whatever the optimiser does with a
+// loop over the lanes. The float versions are the scalar ones' formulas, lane by lane; the
+// double ones call the scalar functions per lane.
+typedef int32_t Int32x16 __attribute__((vector_size(64)));
+
+ATTNLAB_INLINE Vec<float> exp_nonpositive_vec(Vec<float> x) {
+  const Vec<float> xc = x < -100.0f ? -100.0f : x;  // NaN passes through, as std::max
+  constexpr float kRound = 12582912.0f;               // 1.5·2^23, see exp_nonpositive
+  constexpr int32_t kRoundBits = 0x4B400000;
+  const Vec<float> shifted = xc * 1.44269504088896341f + kRound;
+  const Vec<float> n = shifted - kRound;
+  Vec<float> r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  Vec<float> p = Vec<float>{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Vec<float> y = p * r * r + r + 1.0f;
+  Int32x16 bits = reinterpret_cast<Int32x16>(shifted) - (kRoundBits - 127);
+  bits = bits > 0 ? bits : 0;
+  return y * reinterpret_cast<Vec<float>>(bits << 23);
+}
+ATTNLAB_INLINE Vec<double> exp_nonpositive_vec(Vec<double> x) {
+  for (int64_t j = 0; j < kLanes<double>; ++j) x[j] = exp_nonpositive(x[j]);
+  return x;
+}
+
+ATTNLAB_INLINE Vec<float> log_positive_vec(Vec<float> x) {
+  const Int32x16 bits = reinterpret_cast<Int32x16>(x);
+  Vec<float> m = reinterpret_cast<Vec<float>>((bits & 0x007fffff) | 0x3f800000);  // in [1, 2)
+  const Int32x16 upper = m > 1.41421356237f;  // −1 where true
+  m = upper ? 0.5f * m : m;
+  const Vec<float> e = __builtin_convertvector((bits >> 23) - 127 - upper, Vec<float>);
+  const Vec<float> f = m - 1.0f;
+  const Vec<float> z = f * f;
+  Vec<float> p = Vec<float>{} + 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  Vec<float> y = f * z * p + e * -2.12194440e-4f - 0.5f * z;
+  y = f + y + e * 0.693359375f;
+  return (x == x) & (x < std::numeric_limits<float>::infinity()) ? y : x;
+}
+ATTNLAB_INLINE Vec<double> log_positive_vec(Vec<double> x) {
+  for (int64_t j = 0; j < kLanes<double>; ++j) x[j] = log_positive(x[j]);
+  return x;
 }
 
 // n <= lanes elements into a zeroed vector.
@@ -69,12 +127,18 @@ ATTNLAB_INLINE void transpose_rows(const T* x, int64_t ld, int64_t n_rows, int64
   constexpr int64_t L = kLanes<T>;
   for (int64_t e0 = 0; e0 < dim; e0 += L) {
     const int64_t cols = std::min(L, dim - e0);
-    Vec<T> block[L];
+    // A whole block is transposed in place in out; a partial one through a local block (out
+    // has room for dim vectors only). Copying a whole block out of a local one took a
+    // `rep movs`, whose start-up cost as much as the transpose.
+    Vec<T> partial[L];
+    Vec<T>* block = cols == L ? out + e0 : partial;
     for (int64_t j = 0; j < L; ++j) {
       block[j] = j < n_rows ? load_part(x + j * ld + e0, cols) : Vec<T>{};
     }
     transpose_block<T>(block);
-    for (int64_t c = 0; c < cols; ++c) out[e0 + c] = block[c];
+    if (cols < L) {
+      for (int64_t c = 0; c < cols; ++c) out[e0 + c] = partial[c];
+    }
   }
 }
 

@@ -64,7 +64,9 @@ ATTNLAB_INLINE void probs_times_values(const T (*p)[kLanes<T>], int64_t n_rows, 
       for (int t = 0; t < NC; ++t) acc[i][t] += pij * value[t];
     }
   }
-  for (int64_t i = 0; i < n_rows; ++i) {
+  // Over the constant NR with a guard: a variable trip count kept the accumulators in memory.
+  for (int64_t i = 0; i < NR; ++i) {
+    if (i >= n_rows) break;
     for (int t = 0; t < NC; ++t) {
       store_part(out + i * dim_v + (c + t) * L, acc[i][t], std::min(L, dim_v - (c + t) * L));
     }

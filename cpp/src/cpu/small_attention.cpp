@@ -188,6 +188,113 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
   }
 }
 
+// What small_attention_backward_impl's row groups read and write.
+template <typename T>
+struct SmallBackwardRows {
+  int64_t len_q, len_k, dim_qk, dim_v;
+  const T* q;
+  int64_t ldq;
+  const T* mask;
+  int64_t mask_ld, visible_base;
+  T scale;
+  const T* dout;
+  int64_t ld_dout;
+  const T *lse, *delta, *probs;
+  T *dq, *dmask, *dweights;
+  const Vec<T>*kt, *vt, *kp;  // Kᵀ, Vᵀ and K's rows as vectors
+  T (*ds_all)[kLanes<T>];     // dS and P of every row
+  T (*p_all)[kLanes<T>];
+};
+
+// Rows r0 .. r0 + kGroup of the small backward (those past len_q repeat the last row and are
+// not stored): P, dP = dO·Vᵀ, dS = P ⊙ (dP − delta) and dQ = scale·dS·K, one accumulator
+// chain per row. A function templated on the group size (a templated lambda inside the
+// ISA clones was compiled for the baseline instruction set, four times slower).
+template <typename T, int64_t kGroup>
+ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int64_t r0) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t len_q = st.len_q, len_k = st.len_k, dim_qk = st.dim_qk, dim_v = st.dim_v;
+  const int64_t ldq = st.ldq, mask_ld = st.mask_ld, visible_base = st.visible_base;
+  const int64_t ld_dout = st.ld_dout;
+  const T scale = st.scale;
+  const T *q = st.q, *mask = st.mask, *dout = st.dout, *lse = st.lse, *delta = st.delta;
+  const T* probs = st.probs;
+  T *dq = st.dq, *dmask = st.dmask, *dweights = st.dweights;
+  const Vec<T>*kt = st.kt, *vt = st.vt, *kp = st.kp;
+  T(*ds_all)[L] = st.ds_all;
+  T(*p_all)[L] = st.p_all;
+  const int64_t qk_vectors = (dim_qk + L - 1) / L;
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
+  const int64_t group = std::min(kGroup, len_q - r0);
+  const T* qr[kGroup];
+  const T* dor[kGroup];
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const int64_t r = std::min(r0 + i, len_q - 1);
+    qr[i] = q + r * ldq;
+    dor[i] = dout + r * ld_dout;
+  }
+  // P: the forward's, or exp(scale·q·kᵀ + mask − lse) on the visible keys.
+  Vec<T> prob[kGroup];
+  if (probs) {
+    for (int64_t i = 0; i < kGroup; ++i) {
+      prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
+    }
+  } else {
+    Vec<T> s[kGroup] = {};
+    for (int64_t e = 0; e < dim_qk; ++e) {
+      const Vec<T> key = kt[e];
+      for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
+    }
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int64_t r = std::min(r0 + i, len_q - 1);
+      const T l = lse[r];
+      Vec<T> si = s[i] * scale;
+      if (mask) {
+        const Vec<T> m = load_part(mask + r * mask_ld, len_k);
+        si = m == kNegInf ? kNegInf : si + m;
+      }
+      const int64_t visible =
+          l == kNegInf ? 0 : std::clamp<int64_t>(visible_base + r, 0, len_k);
+      si = lane < static_cast<T>(visible) ? si : kNegInf;
+      prob[i] = exp_nonpositive_vec(si - l);
+      prob[i] = lane < static_cast<T>(visible) ? prob[i] : T(0);
+    }
+  }
+  // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
+  Vec<T> dp[kGroup] = {};
+  for (int64_t c = 0; c < dim_v; ++c) {
+    const Vec<T> value = vt[c];
+    for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
+  }
+  alignas(64) T ds[kGroup][L];
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const int64_t r = std::min(r0 + i, len_q - 1);
+    const Vec<T> dsi = prob[i] * (dp[i] - delta[r]);
+    std::memcpy(ds[i], &dsi, sizeof(dsi));
+    if (i < group) {
+      std::memcpy(ds_all[r], &dsi, sizeof(dsi));
+      std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
+      if (dweights) store_part(dweights + r * len_k, dp[i], len_k);
+      if (dmask) store_part(dmask + r * len_k, dsi, len_k);
+    }
+  }
+  // dQ_i = scale·Σ_j dS_ij·K_j
+  for (int64_t c = 0; c < qk_vectors; ++c) {
+    Vec<T> acc[kGroup] = {};
+    for (int64_t j = 0; j < len_k; ++j) {
+      const Vec<T> key = kp[j * qk_vectors + c];
+      for (int64_t i = 0; i < kGroup; ++i) acc[i] += ds[i][j] * key;
+    }
+    const int64_t n = std::min(L, dim_qk - c * L);
+    for (int64_t i = 0; i < kGroup; ++i) {
+      if (i >= group) break;
+      store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
+    }
+  }
+}
+
 template <typename T>
 ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
@@ -195,7 +302,6 @@ ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* delta,
     const T* probs, T* dq, T* dk, T* dv, T* dmask, T* dweights) {
   constexpr int64_t L = kLanes<T>;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const int64_t qk_vectors = (dim_qk + L - 1) / L;
   alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ, to recompute the scores
   alignas(64) Vec<T> vt[kSmallAttentionMaxDim];  // Vᵀ: dP_i = Σ_c dO[i, c]·vt[c]
@@ -206,76 +312,17 @@ ATTNLAB_INLINE void small_attention_backward_impl(
   if (!probs) transpose_rows(k, ldk, len_k, dim_qk, kt);
   transpose_rows(v, ldv, len_k, dim_v, vt);
   for (int64_t j = 0; j < len_k; ++j) row_vectors(k + j * ldk, dim_qk, kp + j * qk_vectors);
-  Vec<T> lane = {};
-  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
 
-  constexpr int64_t kGroup = 4;  // independent chains, as in the forward
-  for (int64_t r0 = 0; r0 < len_q; r0 += kGroup) {
-    const int64_t group = std::min(kGroup, len_q - r0);
-    const T* qr[kGroup];
-    const T* dor[kGroup];
-    for (int64_t i = 0; i < kGroup; ++i) {
-      const int64_t r = std::min(r0 + i, len_q - 1);
-      qr[i] = q + r * ldq;
-      dor[i] = dout + r * ld_dout;
-    }
-    // P: the forward's, or exp(scale·q·kᵀ + mask − lse) on the visible keys.
-    Vec<T> prob[kGroup];
-    if (probs) {
-      for (int64_t i = 0; i < kGroup; ++i) {
-        prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
-      }
+  // Rows in groups of eight independent chains (four for a last group of at most four rows,
+  // whose padding would otherwise cost as much as the rows), as in the forward.
+  const SmallBackwardRows<T> st{len_q, len_k, dim_qk, dim_v, q, ldq, mask, mask_ld,
+                                visible_base, scale, dout, ld_dout, lse, delta, probs,
+                                dq, dmask, dweights, kt, vt, kp, ds_all, p_all};
+  for (int64_t r0 = 0; r0 < len_q; r0 += len_q - r0 > 4 ? 8 : 4) {
+    if (len_q - r0 > 4) {
+      small_backward_row_group<T, 8>(st, r0);
     } else {
-      Vec<T> s[kGroup] = {};
-      for (int64_t e = 0; e < dim_qk; ++e) {
-        const Vec<T> key = kt[e];
-        for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
-      }
-      for (int64_t i = 0; i < kGroup; ++i) {
-        const int64_t r = std::min(r0 + i, len_q - 1);
-        const T l = lse[r];
-        Vec<T> si = s[i] * scale;
-        if (mask) {
-          const Vec<T> m = load_part(mask + r * mask_ld, len_k);
-          si = m == kNegInf ? kNegInf : si + m;
-        }
-        const int64_t visible =
-            l == kNegInf ? 0 : std::clamp<int64_t>(visible_base + r, 0, len_k);
-        si = lane < static_cast<T>(visible) ? si : kNegInf;
-        alignas(64) T e[L];
-        std::memcpy(e, &si, sizeof(e));
-        for (int64_t j = 0; j < L; ++j) e[j] = exp_nonpositive(e[j] - l);
-        std::memcpy(&prob[i], e, sizeof(e));
-        prob[i] = lane < static_cast<T>(visible) ? prob[i] : T(0);
-      }
-    }
-    // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
-    Vec<T> dp[kGroup] = {};
-    for (int64_t c = 0; c < dim_v; ++c) {
-      const Vec<T> value = vt[c];
-      for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
-    }
-    alignas(64) T ds[kGroup][L];
-    for (int64_t i = 0; i < kGroup; ++i) {
-      const int64_t r = std::min(r0 + i, len_q - 1);
-      const Vec<T> dsi = prob[i] * (dp[i] - delta[r]);
-      std::memcpy(ds[i], &dsi, sizeof(dsi));
-      if (i < group) {
-        std::memcpy(ds_all[r], &dsi, sizeof(dsi));
-        std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
-        if (dweights) store_part(dweights + r * len_k, dp[i], len_k);
-        if (dmask) store_part(dmask + r * len_k, dsi, len_k);
-      }
-    }
-    // dQ_i = scale·Σ_j dS_ij·K_j
-    for (int64_t c = 0; c < qk_vectors; ++c) {
-      Vec<T> acc[kGroup] = {};
-      for (int64_t j = 0; j < len_k; ++j) {
-        const Vec<T> key = kp[j * qk_vectors + c];
-        for (int64_t i = 0; i < kGroup; ++i) acc[i] += ds[i][j] * key;
-      }
-      const int64_t n = std::min(L, dim_qk - c * L);
-      for (int64_t i = 0; i < group; ++i) store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
+      small_backward_row_group<T, 4>(st, r0);
     }
   }
   // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.

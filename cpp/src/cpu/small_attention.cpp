@@ -209,8 +209,8 @@ struct SmallBackwardRows {
 // Rows r0 .. r0 + kGroup of the small backward (those past len_q repeat the last row and are
 // not stored): P, dP = dO·Vᵀ, dS = P ⊙ (dP − delta) and dQ = scale·dS·K, one accumulator
 // chain per row. A function templated on the group size: a templated lambda in its place made
-// the backward four times slower (a lambda inside an ISA clone is a function of its own, which
-// GCC compiled for the baseline instruction set instead of inlining).
+// the backward four times slower (most likely because a lambda inside an ISA clone is a
+// function of its own, without the clone's instruction set, that GCC did not inline).
 template <typename T, int64_t kGroup>
 ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int64_t r0) {
   constexpr int64_t L = kLanes<T>;

@@ -119,6 +119,24 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers.
   const bool small = p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
+  if (small) {
+    // No BLAS and none of the blocked path's per-chunk buffers (without weights those include
+    // 64 KiB of zero-filled scores per chunk, which the small kernel never reads).
+    at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
+        const int64_t rows = std::min(block_q, p.len_q - i0);
+        small_attention_rows(rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
+                             p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
+                             p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
+                             p.mask.row_stride, visible_base(p, i0, 0), p.scale,
+                             output + (b * p.len_q + i0) * p.dim_v, logsumexp + b * p.len_q + i0,
+                             weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr,
+                             p.len_k);
+      }
+    });
+    return;
+  }
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
@@ -130,14 +148,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       T* out = output + (b * p.len_q + i0) * p.dim_v;
       T* lse = logsumexp + b * p.len_q + i0;
-      if (small) {
-        small_attention_rows(rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
-                             p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
-                             p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
-                             p.mask.row_stride, visible_base(p, i0, 0), p.scale, out, lse,
-                             weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr,
-                             p.len_k);
-      } else if (weights) {
+      if (weights) {
         forward_with_weights(p, b, i0, rows, out, lse, weights, row_max.data(), row_sum.data(),
                              correction.data());
       } else {
@@ -153,32 +164,39 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
                         T* grad_key, T* grad_value, T* grad_mask, T* grad_weights) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
-  std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
-  std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
-  std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
-  if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  // Every key in one vector: one register-resident pass per batch entry, which writes every
+  // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
+  // about as much as the kernel's arithmetic).
+  const bool small = p.len_q > 0 && p.len_k > 0 &&
+                     small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
+                     p.len_q <= kSmallBackwardMaxRows;
+  if (!small) {
+    std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
+    std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
+    std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
+    if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  }
   if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
   // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
-  std::vector<T> delta(p.batch * p.len_q);
-  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      row_dots(grad_output.row(b, 0), grad_output.row_stride, output + b * p.len_q * Ev, Ev,
-               p.len_q, Ev, delta.data() + b * p.len_q);
-    }
-  });
+  const auto batch_deltas = [&](int64_t b, T* delta) {
+    row_dots(grad_output.row(b, 0), grad_output.row_stride, output + b * p.len_q * Ev, Ev,
+             p.len_q, Ev, delta);
+  };
 
-  if (p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
-      p.len_q <= kSmallBackwardMaxRows) {
-    // Every key in one vector: one register-resident pass per batch entry.
+  if (small) {
     at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+      // One entry's deltas just before its kernel, while its dO is in cache, instead of a
+      // separate pass over the whole batch first.
+      T delta[kSmallBackwardMaxRows];
       for (int64_t b = begin; b < end; ++b) {
         const int64_t rows = b * p.len_q;
+        batch_deltas(b, delta);
         small_attention_backward(
             p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride, p.key.row(b, 0),
             p.key.row_stride, p.value.row(b, 0), p.value.row_stride, mask_block(p, b, 0, 0),
             p.mask.row_stride, visible_base(p, 0, 0), p.scale, grad_output.row(b, 0),
-            grad_output.row_stride, logsumexp + rows, delta.data() + rows,
+            grad_output.row_stride, logsumexp + rows, delta,
             weights ? weights + rows * p.len_k : nullptr, grad_query + rows * E,
             grad_key + b * p.len_k * E, grad_value + b * p.len_k * Ev,
             grad_mask ? grad_mask + rows * p.len_k : nullptr,
@@ -187,6 +205,11 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     });
     return;
   }
+
+  std::vector<T> delta(p.batch * p.len_q);
+  at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) batch_deltas(b, delta.data() + b * p.len_q);
+  });
 
   // Each task owns the key blocks of one chunk of one batch entry, so dK and dV need no
   // synchronisation. dQ sums over key blocks: with one chunk per batch entry it goes straight

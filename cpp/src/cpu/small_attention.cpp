@@ -17,6 +17,76 @@
 namespace attnlab::cpu {
 namespace {
 
+// The multiply-add loops take rows in passes of eight: eight independent accumulator chains
+// (one per row) cover the FMA latency twice over, and each key or value vector loaded serves
+// eight rows.
+
+// s[i] = Σ_e q[i, e]·kt[e] for the NR rows of q from first (rows past last repeat it: finite
+// padding), one accumulator chain per row.
+template <typename T, int NR>
+ATTNLAB_INLINE void scores_pass(const T* q, int64_t ldq, int64_t first, int64_t last,
+                                const Vec<T>* kt, int64_t dim_qk, Vec<T>* s) {
+  constexpr int64_t L = kLanes<T>;
+  // The rows copied to the stack, where one register addresses all of them (eight row
+  // pointers did not fit in registers next to the rest of the kernel and were reloaded).
+  alignas(64) T qs[NR][kSmallAttentionMaxDim];
+  for (int64_t i = 0; i < NR; ++i) {
+    const T* row = q + std::min(first + i, last) * ldq;
+    for (int64_t e = 0; e < dim_qk; e += L) {
+      store_part(qs[i] + e, load_part(row + e, std::min(L, dim_qk - e)), L);
+    }
+  }
+  Vec<T> acc[NR];
+  for (int64_t i = 0; i < NR; ++i) acc[i] = Vec<T>{};
+  for (int64_t e = 0; e < dim_qk; ++e) {
+    const Vec<T> key = kt[e];
+    for (int64_t i = 0; i < NR; ++i) acc[i] += qs[i][e] * key;
+  }
+  for (int64_t i = 0; i < NR; ++i) s[i] = acc[i];
+}
+
+// out[i, c·L : (c + NC)·L] = Σ_j p[i][j]·vp[j·value_vectors + c + t] for the first n_rows <= NR
+// rows of p (the others are computed from finite padding and not stored).
+template <typename T, int NR, int NC>
+ATTNLAB_INLINE void probs_times_values(const T (*p)[kLanes<T>], int64_t n_rows, int64_t len_k,
+                                       const Vec<T>* vp, int64_t value_vectors, int64_t c,
+                                       int64_t dim_v, T* out) {
+  constexpr int64_t L = kLanes<T>;
+  Vec<T> acc[NR][NC];
+  for (int64_t i = 0; i < NR; ++i) {
+    for (int t = 0; t < NC; ++t) acc[i][t] = Vec<T>{};  // (`= {}` became a `rep stos`)
+  }
+  for (int64_t j = 0; j < len_k; ++j) {
+    Vec<T> value[NC];
+    for (int t = 0; t < NC; ++t) value[t] = vp[j * value_vectors + c + t];
+    for (int64_t i = 0; i < NR; ++i) {
+      const T pij = p[i][j];
+      for (int t = 0; t < NC; ++t) acc[i][t] += pij * value[t];
+    }
+  }
+  // Over the constant NR with a guard: a variable trip count kept the accumulators in memory.
+  for (int64_t i = 0; i < NR; ++i) {
+    if (i >= n_rows) break;
+    for (int t = 0; t < NC; ++t) {
+      store_part(out + i * dim_v + (c + t) * L, acc[i][t], std::min(L, dim_v - (c + t) * L));
+    }
+  }
+}
+
+// P·V for the rows of p from i0, NR of them (n_rows stored), two value vectors at a time.
+template <typename T, int NR>
+ATTNLAB_INLINE void probs_times_values_rows(const T (*p)[kLanes<T>], int64_t n_rows,
+                                            int64_t len_k, const Vec<T>* vp,
+                                            int64_t value_vectors, int64_t dim_v, T* out) {
+  int64_t c = 0;
+  for (; c + 2 <= value_vectors; c += 2) {
+    probs_times_values<T, NR, 2>(p, n_rows, len_k, vp, value_vectors, c, dim_v, out);
+  }
+  if (c < value_vectors) {
+    probs_times_values<T, NR, 1>(p, n_rows, len_k, vp, value_vectors, c, dim_v, out);
+  }
+}
+
 template <typename T>
 ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64_t dim_qk,
                                               int64_t dim_v, const T* q, int64_t ldq,
@@ -25,98 +95,203 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
                                               int64_t visible_base, T scale, T* out, T* lse,
                                               T* weights, int64_t ld_weights) {
   constexpr int64_t L = kLanes<T>;
+  static_assert(L % 8 == 0);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
   // kt[e]: feature e of every key, one key per lane (Kᵀ by in-register transposes).
   alignas(64) Vec<T> kt[kSmallAttentionMaxDim];
-  for (int64_t e0 = 0; e0 < dim_qk; e0 += L) {
-    const int64_t cols = std::min(L, dim_qk - e0);
-    Vec<T> block[L];
-    for (int64_t j = 0; j < L; ++j) block[j] = j < len_k ? load_part(k + j * ldk + e0, cols) : Vec<T>{};
-    transpose_block<T>(block);
-    for (int64_t c = 0; c < cols; ++c) kt[e0 + c] = block[c];
-  }
+  transpose_rows(k, ldk, len_k, dim_qk, kt);
   // vp[j·value_vectors + c]: value row j in whole vectors, zero-padded.
   const int64_t value_vectors = (dim_v + L - 1) / L;
   alignas(64) Vec<T> vp[kSmallAttentionMaxDim];  // len_k·value_vectors <= L·(256 / L)
-  for (int64_t j = 0; j < len_k; ++j) {
-    for (int64_t c = 0; c < value_vectors; ++c) {
-      vp[j * value_vectors + c] = load_part(v + j * ldv + c * L, std::min(L, dim_v - c * L));
-    }
-  }
+  for (int64_t j = 0; j < len_k; ++j) row_vectors(v + j * ldv, dim_v, vp + j * value_vectors);
   Vec<T> lane = {};
   for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
   const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
   const auto sum_op = [](Vec<T> a, Vec<T> b) { return a + b; };
 
-  // Rows go four at a time: four independent multiply-add chains hide the FMA latency that a
-  // single row's chain (one accumulator over the features) would wait on, and each key and
-  // value vector loaded serves four rows.
-  constexpr int64_t kGroup = 4;
-  for (int64_t r0 = 0; r0 < rows; r0 += kGroup) {
-    const int64_t group = std::min(kGroup, rows - r0);
-    const T* qr[kGroup];
-    for (int64_t i = 0; i < kGroup; ++i) qr[i] = q + std::min(r0 + i, rows - 1) * ldq;
+  // Up to L rows at a time: scores, then the softmax of all of them with the per-row steps in
+  // straight loops (no calls or early exits, so the rows' reductions and exponentials overlap)
+  // and the maxima, sums, reciprocals and logs as one vector each, then P·V.
+  for (int64_t r0 = 0; r0 < rows; r0 += L) {
+    const int64_t group = std::min(L, rows - r0);
+    // Rows in passes of eight (four for a last pass of at most four rows), padded up to
+    // `padded`; rows past the group hold finite padding that is never stored.
+    alignas(64) Vec<T> s[L];
+    int64_t padded = 0;
+    for (; padded < group; padded += group - padded > 4 ? 8 : 4) {
+      if (group - padded > 4) {
+        scores_pass<T, 8>(q, ldq, r0 + padded, r0 + group - 1, kt, dim_qk, s + padded);
+      } else {
+        scores_pass<T, 4>(q, ldq, r0 + padded, r0 + group - 1, kt, dim_qk, s + padded);
+      }
+    }
+    alignas(64) T row_max[L] = {};
+    for (int64_t i = 0; i < padded; ++i) {
+      Vec<T> si = s[i] * scale;
+      if (mask && i < group) {
+        // A −inf mask entry hides the key whatever its score (NaN included).
+        const Vec<T> m = load_part(mask + (r0 + i) * mask_ld, len_k);
+        si = m == kNegInf ? kNegInf : si + m;
+      }
+      const int64_t visible = std::clamp<int64_t>(visible_base + r0 + i, 0, len_k);
+      si = lane < static_cast<T>(visible) ? si : kNegInf;
+      s[i] = si;
+      // The max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
+      row_max[i] = reduce_lanes<T>(si == si ? si : kNegInf, max_op);
+    }
+    Vec<T> maxima;
+    std::memcpy(&maxima, row_max, sizeof(maxima));
+    // Rows that see no key (max −inf) are finished apart below; 0 keeps their arithmetic quiet.
+    const Vec<T> shift = maxima == kNegInf ? T(0) : maxima;
+    alignas(64) T row_sum[L];
+    std::fill(row_sum + padded, row_sum + L, T(1));
+    for (int64_t i = 0; i < padded; ++i) {
+      s[i] = exp_nonpositive_vec(s[i] - shift[i]);
+      row_sum[i] = reduce_lanes<T>(s[i], sum_op);
+    }
+    Vec<T> sums;
+    std::memcpy(&sums, row_sum, sizeof(sums));
+    const Vec<T> inv_sums = T(1) / sums;
+    const Vec<T> row_lse = maxima + log_positive_vec(sums);
+    store_part(lse + r0, row_lse, group);
+    alignas(64) T p[L][L];
+    for (int64_t i = 0; i < padded; ++i) {
+      const Vec<T> pi = s[i] * inv_sums[i];
+      std::memcpy(p[i], &pi, sizeof(pi));
+      if (weights && i < group) store_part(weights + (r0 + i) * ld_weights, pi, len_k);
+    }
+    for (int64_t i0 = 0; i0 < group; i0 += 8) {
+      const int64_t n_rows = std::min<int64_t>(8, group - i0);
+      T* o = out + (r0 + i0) * dim_v;
+      if (n_rows > 4) {
+        probs_times_values_rows<T, 8>(p + i0, n_rows, len_k, vp, value_vectors, dim_v, o);
+      } else {
+        probs_times_values_rows<T, 4>(p + i0, n_rows, len_k, vp, value_vectors, dim_v, o);
+      }
+    }
+    // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN.
+    for (int64_t i = 0; i < group; ++i) {
+      if (row_max[i] != kNegInf) continue;
+      const int64_t r = r0 + i;
+      const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
+      // s[i] now holds exp(score): NaN exactly where the masked score was NaN.
+      const bool has_nan = reduce_lanes<T>(s[i] != s[i] ? Vec<T>{} + 1 : Vec<T>{}, max_op) > 0;
+      std::fill(out + r * dim_v, out + (r + 1) * dim_v, has_nan ? kNaN : T(0));
+      lse[r] = has_nan ? kNaN : kNegInf;
+      if (weights) {
+        T* w = weights + r * ld_weights;
+        std::fill(w, w + len_k, T(0));
+        if (has_nan) std::fill(w, w + visible, kNaN);
+      }
+    }
+  }
+}
+
+// What small_attention_backward_impl's row groups read and write.
+template <typename T>
+struct SmallBackwardRows {
+  int64_t len_q, len_k, dim_qk, dim_v;
+  const T* q;
+  int64_t ldq;
+  const T* mask;
+  int64_t mask_ld, visible_base;
+  T scale;
+  const T* dout;
+  int64_t ld_dout;
+  const T *lse, *delta, *probs;
+  T *dq, *dmask, *dweights;
+  const Vec<T>*kt, *vt, *kp;  // Kᵀ, Vᵀ and K's rows as vectors
+  T (*ds_all)[kLanes<T>];     // dS and P of every row
+  T (*p_all)[kLanes<T>];
+};
+
+// Rows r0 .. r0 + kGroup of the small backward (those past len_q repeat the last row and are
+// not stored): P, dP = dO·Vᵀ, dS = P ⊙ (dP − delta) and dQ = scale·dS·K, one accumulator
+// chain per row. A function templated on the group size: a templated lambda in its place made
+// the backward four times slower (most likely because a lambda inside an ISA clone is a
+// function of its own, without the clone's instruction set, that GCC did not inline).
+template <typename T, int64_t kGroup>
+ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int64_t r0) {
+  constexpr int64_t L = kLanes<T>;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  const int64_t len_q = st.len_q, len_k = st.len_k, dim_qk = st.dim_qk, dim_v = st.dim_v;
+  const int64_t ldq = st.ldq, mask_ld = st.mask_ld, visible_base = st.visible_base;
+  const int64_t ld_dout = st.ld_dout;
+  const T scale = st.scale;
+  const T *q = st.q, *mask = st.mask, *dout = st.dout, *lse = st.lse, *delta = st.delta;
+  const T* probs = st.probs;
+  T *dq = st.dq, *dmask = st.dmask, *dweights = st.dweights;
+  const Vec<T>*kt = st.kt, *vt = st.vt, *kp = st.kp;
+  T(*ds_all)[L] = st.ds_all;
+  T(*p_all)[L] = st.p_all;
+  const int64_t qk_vectors = (dim_qk + L - 1) / L;
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
+  const int64_t group = std::min(kGroup, len_q - r0);
+  const T* qr[kGroup];
+  const T* dor[kGroup];
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const int64_t r = std::min(r0 + i, len_q - 1);
+    qr[i] = q + r * ldq;
+    dor[i] = dout + r * ld_dout;
+  }
+  // P: the forward's, or exp(scale·q·kᵀ + mask − lse) on the visible keys.
+  Vec<T> prob[kGroup];
+  if (probs) {
+    for (int64_t i = 0; i < kGroup; ++i) {
+      prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
+    }
+  } else {
     Vec<T> s[kGroup] = {};
     for (int64_t e = 0; e < dim_qk; ++e) {
       const Vec<T> key = kt[e];
       for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
     }
-    alignas(64) T p[kGroup][L];
-    bool row_live[kGroup];
-    // The rows' maxima and sums; their logs are taken together after the group, in one vector.
-    T row_maxima[kGroup] = {}, sums[kGroup] = {T(1), T(1), T(1), T(1)};
-    for (int64_t i = 0; i < group; ++i) {
-      const int64_t r = r0 + i;
+    for (int64_t i = 0; i < kGroup; ++i) {
+      const int64_t r = std::min(r0 + i, len_q - 1);
+      const T l = lse[r];
       Vec<T> si = s[i] * scale;
       if (mask) {
-        // A −inf mask entry hides the key whatever its score (NaN included).
         const Vec<T> m = load_part(mask + r * mask_ld, len_k);
         si = m == kNegInf ? kNegInf : si + m;
       }
-      const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
+      const int64_t visible =
+          l == kNegInf ? 0 : std::clamp<int64_t>(visible_base + r, 0, len_k);
       si = lane < static_cast<T>(visible) ? si : kNegInf;
-      // The max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
-      const T row_max = reduce_lanes<T>(si == si ? si : kNegInf, max_op);
-      T* w = weights ? weights + r * ld_weights : nullptr;
-      row_live[i] = row_max != kNegInf;
-      if (!row_live[i]) {
-        const bool has_nan = reduce_lanes<T>(si != si ? Vec<T>{} + 1 : Vec<T>{}, max_op) > 0;
-        std::fill(out + r * dim_v, out + (r + 1) * dim_v, has_nan ? kNaN : T(0));
-        lse[r] = has_nan ? kNaN : kNegInf;
-        if (w) {
-          std::fill(w, w + len_k, T(0));
-          if (has_nan) std::fill(w, w + visible, kNaN);
-        }
-        std::fill(p[i], p[i] + L, T(0));
-        continue;
-      }
-      std::memcpy(p[i], &si, sizeof(si));
-      for (int64_t j = 0; j < L; ++j) p[i][j] = exp_nonpositive(p[i][j] - row_max);
-      Vec<T> e;
-      std::memcpy(&e, p[i], sizeof(e));
-      const T sum = reduce_lanes<T>(e, sum_op);
-      row_maxima[i] = row_max;
-      sums[i] = sum;
-      e *= T(1) / sum;
-      std::memcpy(p[i], &e, sizeof(e));
-      if (w) std::memcpy(w, p[i], len_k * sizeof(T));
+      prob[i] = exp_nonpositive_vec(si - l);
+      prob[i] = lane < static_cast<T>(visible) ? prob[i] : T(0);
     }
-    T logs[kGroup];
-    for (int64_t i = 0; i < kGroup; ++i) logs[i] = log_positive(sums[i]);
-    for (int64_t i = 0; i < group; ++i) {
-      if (row_live[i]) lse[r0 + i] = row_maxima[i] + logs[i];
+  }
+  // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
+  Vec<T> dp[kGroup] = {};
+  for (int64_t c = 0; c < dim_v; ++c) {
+    const Vec<T> value = vt[c];
+    for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
+  }
+  alignas(64) T ds[kGroup][L];
+  for (int64_t i = 0; i < kGroup; ++i) {
+    const int64_t r = std::min(r0 + i, len_q - 1);
+    const Vec<T> dsi = prob[i] * (dp[i] - delta[r]);
+    std::memcpy(ds[i], &dsi, sizeof(dsi));
+    if (i < group) {
+      std::memcpy(ds_all[r], &dsi, sizeof(dsi));
+      std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
+      if (dweights) store_part(dweights + r * len_k, dp[i], len_k);
+      if (dmask) store_part(dmask + r * len_k, dsi, len_k);
     }
-    for (int64_t c = 0; c < value_vectors; ++c) {
-      Vec<T> acc[kGroup] = {};
-      for (int64_t j = 0; j < len_k; ++j) {
-        const Vec<T> value = vp[j * value_vectors + c];
-        for (int64_t i = 0; i < kGroup; ++i) acc[i] += p[i][j] * value;
-      }
-      const int64_t n = std::min(L, dim_v - c * L);
-      for (int64_t i = 0; i < group; ++i) {
-        if (row_live[i]) std::memcpy(out + (r0 + i) * dim_v + c * L, &acc[i], n * sizeof(T));
-      }
+  }
+  // dQ_i = scale·Σ_j dS_ij·K_j
+  for (int64_t c = 0; c < qk_vectors; ++c) {
+    Vec<T> acc[kGroup] = {};
+    for (int64_t j = 0; j < len_k; ++j) {
+      const Vec<T> key = kp[j * qk_vectors + c];
+      for (int64_t i = 0; i < kGroup; ++i) acc[i] += ds[i][j] * key;
+    }
+    const int64_t n = std::min(L, dim_qk - c * L);
+    for (int64_t i = 0; i < kGroup; ++i) {
+      if (i >= group) break;
+      store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
     }
   }
 }
@@ -128,7 +303,6 @@ ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* delta,
     const T* probs, T* dq, T* dk, T* dv, T* dmask, T* dweights) {
   constexpr int64_t L = kLanes<T>;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   const int64_t qk_vectors = (dim_qk + L - 1) / L;
   alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ, to recompute the scores
   alignas(64) Vec<T> vt[kSmallAttentionMaxDim];  // Vᵀ: dP_i = Σ_c dO[i, c]·vt[c]
@@ -139,76 +313,17 @@ ATTNLAB_INLINE void small_attention_backward_impl(
   if (!probs) transpose_rows(k, ldk, len_k, dim_qk, kt);
   transpose_rows(v, ldv, len_k, dim_v, vt);
   for (int64_t j = 0; j < len_k; ++j) row_vectors(k + j * ldk, dim_qk, kp + j * qk_vectors);
-  Vec<T> lane = {};
-  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
 
-  constexpr int64_t kGroup = 4;  // independent chains, as in the forward
-  for (int64_t r0 = 0; r0 < len_q; r0 += kGroup) {
-    const int64_t group = std::min(kGroup, len_q - r0);
-    const T* qr[kGroup];
-    const T* dor[kGroup];
-    for (int64_t i = 0; i < kGroup; ++i) {
-      const int64_t r = std::min(r0 + i, len_q - 1);
-      qr[i] = q + r * ldq;
-      dor[i] = dout + r * ld_dout;
-    }
-    // P: the forward's, or exp(scale·q·kᵀ + mask − lse) on the visible keys.
-    Vec<T> prob[kGroup];
-    if (probs) {
-      for (int64_t i = 0; i < kGroup; ++i) {
-        prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
-      }
+  // Rows in groups of eight independent chains (four for a last group of at most four rows,
+  // whose padding would otherwise cost as much as the rows), as in the forward.
+  const SmallBackwardRows<T> st{len_q, len_k, dim_qk, dim_v, q, ldq, mask, mask_ld,
+                                visible_base, scale, dout, ld_dout, lse, delta, probs,
+                                dq, dmask, dweights, kt, vt, kp, ds_all, p_all};
+  for (int64_t r0 = 0; r0 < len_q; r0 += len_q - r0 > 4 ? 8 : 4) {
+    if (len_q - r0 > 4) {
+      small_backward_row_group<T, 8>(st, r0);
     } else {
-      Vec<T> s[kGroup] = {};
-      for (int64_t e = 0; e < dim_qk; ++e) {
-        const Vec<T> key = kt[e];
-        for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
-      }
-      for (int64_t i = 0; i < kGroup; ++i) {
-        const int64_t r = std::min(r0 + i, len_q - 1);
-        const T l = lse[r];
-        Vec<T> si = s[i] * scale;
-        if (mask) {
-          const Vec<T> m = load_part(mask + r * mask_ld, len_k);
-          si = m == kNegInf ? kNegInf : si + m;
-        }
-        const int64_t visible =
-            l == kNegInf ? 0 : std::clamp<int64_t>(visible_base + r, 0, len_k);
-        si = lane < static_cast<T>(visible) ? si : kNegInf;
-        alignas(64) T e[L];
-        std::memcpy(e, &si, sizeof(e));
-        for (int64_t j = 0; j < L; ++j) e[j] = exp_nonpositive(e[j] - l);
-        std::memcpy(&prob[i], e, sizeof(e));
-        prob[i] = lane < static_cast<T>(visible) ? prob[i] : T(0);
-      }
-    }
-    // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
-    Vec<T> dp[kGroup] = {};
-    for (int64_t c = 0; c < dim_v; ++c) {
-      const Vec<T> value = vt[c];
-      for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
-    }
-    alignas(64) T ds[kGroup][L];
-    for (int64_t i = 0; i < kGroup; ++i) {
-      const int64_t r = std::min(r0 + i, len_q - 1);
-      const Vec<T> dsi = prob[i] * (dp[i] - delta[r]);
-      std::memcpy(ds[i], &dsi, sizeof(dsi));
-      if (i < group) {
-        std::memcpy(ds_all[r], &dsi, sizeof(dsi));
-        std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
-        if (dweights) store_part(dweights + r * len_k, dp[i], len_k);
-        if (dmask) store_part(dmask + r * len_k, dsi, len_k);
-      }
-    }
-    // dQ_i = scale·Σ_j dS_ij·K_j
-    for (int64_t c = 0; c < qk_vectors; ++c) {
-      Vec<T> acc[kGroup] = {};
-      for (int64_t j = 0; j < len_k; ++j) {
-        const Vec<T> key = kp[j * qk_vectors + c];
-        for (int64_t i = 0; i < kGroup; ++i) acc[i] += ds[i][j] * key;
-      }
-      const int64_t n = std::min(L, dim_qk - c * L);
-      for (int64_t i = 0; i < group; ++i) store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
+      small_backward_row_group<T, 4>(st, r0);
     }
   }
   // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.

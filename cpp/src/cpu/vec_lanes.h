@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "cpu/isa.h"
+#include "cpu/vec_math.h"
 #include "cpu/vec_transpose.h"
 
 namespace attnlab::cpu {
@@ -32,6 +34,62 @@ ATTNLAB_INLINE T reduce_lanes(Vec<T> a, Op op) {
   a = op(a, rotate<T, 2>(a, lanes));
   a = op(a, rotate<T, 1>(a, lanes));
   return a[0];
+}
+
+// exp_nonpositive and log_positive (vec_math.h) of a whole vector, written with vector
+// operations so that they compile to vector instructions whatever the optimiser does with a
+// loop over the lanes. The float versions are the scalar ones' formulas, lane by lane; the
+// double ones call the scalar functions per lane.
+typedef int32_t Int32x16 __attribute__((vector_size(64)));
+
+ATTNLAB_INLINE Vec<float> exp_nonpositive_vec(Vec<float> x) {
+  const Vec<float> xc = x < -100.0f ? -100.0f : x;  // NaN passes through, as std::max
+  constexpr float kRound = 12582912.0f;               // 1.5·2^23, see exp_nonpositive
+  constexpr int32_t kRoundBits = 0x4B400000;
+  const Vec<float> shifted = xc * 1.44269504088896341f + kRound;
+  const Vec<float> n = shifted - kRound;
+  Vec<float> r = xc - n * 0.693359375f;
+  r = r + n * 2.12194440e-4f;
+  Vec<float> p = Vec<float>{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const Vec<float> y = p * r * r + r + 1.0f;
+  Int32x16 bits = reinterpret_cast<Int32x16>(shifted) - (kRoundBits - 127);
+  bits = bits > 0 ? bits : 0;
+  return y * reinterpret_cast<Vec<float>>(bits << 23);
+}
+ATTNLAB_INLINE Vec<double> exp_nonpositive_vec(Vec<double> x) {
+  for (int64_t j = 0; j < kLanes<double>; ++j) x[j] = exp_nonpositive(x[j]);
+  return x;
+}
+
+ATTNLAB_INLINE Vec<float> log_positive_vec(Vec<float> x) {
+  const Int32x16 bits = reinterpret_cast<Int32x16>(x);
+  Vec<float> m = reinterpret_cast<Vec<float>>((bits & 0x007fffff) | 0x3f800000);  // in [1, 2)
+  const Int32x16 upper = m > 1.41421356237f;  // −1 where true
+  m = upper ? 0.5f * m : m;
+  const Vec<float> e = __builtin_convertvector((bits >> 23) - 127 - upper, Vec<float>);
+  const Vec<float> f = m - 1.0f;
+  const Vec<float> z = f * f;
+  Vec<float> p = Vec<float>{} + 7.0376836292e-2f;
+  p = p * f - 1.1514610310e-1f;
+  p = p * f + 1.1676998740e-1f;
+  p = p * f - 1.2420140846e-1f;
+  p = p * f + 1.4249322787e-1f;
+  p = p * f - 1.6668057665e-1f;
+  p = p * f + 2.0000714765e-1f;
+  p = p * f - 2.4999993993e-1f;
+  p = p * f + 3.3333331174e-1f;
+  Vec<float> y = f * z * p + e * -2.12194440e-4f - 0.5f * z;
+  y = f + y + e * 0.693359375f;
+  return (x == x) & (x < std::numeric_limits<float>::infinity()) ? y : x;
+}
+ATTNLAB_INLINE Vec<double> log_positive_vec(Vec<double> x) {
+  for (int64_t j = 0; j < kLanes<double>; ++j) x[j] = log_positive(x[j]);
+  return x;
 }
 
 // n <= lanes elements into a zeroed vector.
@@ -69,12 +127,18 @@ ATTNLAB_INLINE void transpose_rows(const T* x, int64_t ld, int64_t n_rows, int64
   constexpr int64_t L = kLanes<T>;
   for (int64_t e0 = 0; e0 < dim; e0 += L) {
     const int64_t cols = std::min(L, dim - e0);
-    Vec<T> block[L];
+    // A whole block is transposed in place in out; a partial one through a local block (out
+    // has room for dim vectors only). Copying a whole block out of a local one took a
+    // `rep movs`, whose start-up cost as much as the transpose.
+    Vec<T> partial[L];
+    Vec<T>* block = cols == L ? out + e0 : partial;
     for (int64_t j = 0; j < L; ++j) {
       block[j] = j < n_rows ? load_part(x + j * ld + e0, cols) : Vec<T>{};
     }
     transpose_block<T>(block);
-    for (int64_t c = 0; c < cols; ++c) out[e0 + c] = block[c];
+    if (cols < L) {
+      for (int64_t c = 0; c < cols; ++c) out[e0 + c] = partial[c];
+    }
   }
 }
 
@@ -85,24 +149,64 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
   for (int64_t c = 0; c * L < dim; ++c) out[c] = load_part(row + c * L, std::min(L, dim - c * L));
 }
 
+// One pass of small_key_sums below: keys j0 .. j0 + KJ (the first `keys` stored) over the
+// value vectors c .. c + NC, KJ·NC accumulators in registers. The store loop runs over the
+// constant KJ with a guard: a variable trip count made GCC keep the accumulators in memory.
+template <typename T, int KJ, int NC>
+ATTNLAB_INLINE void small_key_sums_pass(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t j0,
+                                        int64_t keys, const T* x, int64_t ldx, int64_t dim,
+                                        int64_t c, T factor, T* dst) {
+  constexpr int64_t L = kLanes<T>;
+  int64_t n[NC];
+  for (int u = 0; u < NC; ++u) n[u] = std::min(L, dim - (c + u) * L);
+  Vec<T> acc[KJ][NC];
+  for (int t = 0; t < KJ; ++t) {
+    for (int u = 0; u < NC; ++u) acc[t][u] = Vec<T>{};
+  }
+  for (int64_t i = 0; i < len_q; ++i) {
+    Vec<T> row[NC];
+    for (int u = 0; u < NC; ++u) row[u] = load_part(x + i * ldx + (c + u) * L, n[u]);
+    for (int t = 0; t < KJ; ++t) {
+      const T w = coeff[i][(j0 + t) % L];
+      for (int u = 0; u < NC; ++u) acc[t][u] += w * row[u];
+    }
+  }
+  for (int t = 0; t < KJ; ++t) {
+    if (t >= keys) break;
+    for (int u = 0; u < NC; ++u) {
+      store_part(dst + (j0 + t) * dim + (c + u) * L, acc[t][u] * factor, n[u]);
+    }
+  }
+}
+
+template <typename T, int KJ>
+ATTNLAB_INLINE void small_key_sums_keys(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t j0,
+                                        int64_t keys, const T* x, int64_t ldx, int64_t dim,
+                                        T factor, T* dst) {
+  constexpr int64_t L = kLanes<T>;
+  const int64_t vectors = (dim + L - 1) / L;
+  int64_t c = 0;
+  for (; c + 2 <= vectors; c += 2) {
+    small_key_sums_pass<T, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
+  }
+  if (c < vectors) {
+    small_key_sums_pass<T, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
+  }
+}
+
 // dst_j = factor·Σ_i coeff[i][j]·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`):
-// the small backwards' dK (coeff = dS, x = Q) and dV (coeff = P, x = dO). Four keys at a time,
-// accumulated in registers over the len_q rows, so each row vector loaded serves four keys.
+// the small backwards' dK (coeff = dS, x = Q) and dV (coeff = P, x = dO). Eight keys (four for
+// a last group of at most four) and two vectors of x at a time, accumulated in registers over
+// the len_q rows, so each row vector loaded serves eight keys.
 template <typename T>
 ATTNLAB_INLINE void small_key_sums(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t len_k,
                                    const T* x, int64_t ldx, int64_t dim, T factor, T* dst) {
-  constexpr int64_t L = kLanes<T>;
-  constexpr int64_t kKeys = 4;
-  for (int64_t j0 = 0; j0 < len_k; j0 += kKeys) {
-    const int64_t keys = std::min(kKeys, len_k - j0);
-    for (int64_t c = 0; c * L < dim; ++c) {
-      const int64_t n = std::min(L, dim - c * L);
-      Vec<T> acc[kKeys] = {};
-      for (int64_t i = 0; i < len_q; ++i) {
-        const Vec<T> row = load_part(x + i * ldx + c * L, n);
-        for (int64_t t = 0; t < kKeys; ++t) acc[t] += coeff[i][(j0 + t) % L] * row;
-      }
-      for (int64_t t = 0; t < keys; ++t) store_part(dst + (j0 + t) * dim + c * L, acc[t] * factor, n);
+  for (int64_t j0 = 0; j0 < len_k; j0 += 8) {
+    const int64_t keys = std::min<int64_t>(8, len_k - j0);
+    if (keys > 4) {
+      small_key_sums_keys<T, 8>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
+    } else {
+      small_key_sums_keys<T, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
     }
   }
 }

@@ -44,19 +44,9 @@ typedef int32_t Int32x16 __attribute__((vector_size(64)));
 
 ATTNLAB_INLINE Vec<float> exp_nonpositive_vec(Vec<float> x) {
   const Vec<float> xc = x < -100.0f ? -100.0f : x;  // NaN passes through, as std::max
-  constexpr float kRound = 12582912.0f;               // 1.5·2^23, see exp_nonpositive
-  constexpr int32_t kRoundBits = 0x4B400000;
-  const Vec<float> shifted = xc * 1.44269504088896341f + kRound;
-  const Vec<float> n = shifted - kRound;
-  Vec<float> r = xc - n * 0.693359375f;
-  r = r + n * 2.12194440e-4f;
-  Vec<float> p = Vec<float>{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const Vec<float> y = p * r * r + r + 1.0f;
+  constexpr int32_t kRoundBits = 0x4B400000;  // see exp_nonpositive
+  Vec<float> shifted;
+  const Vec<float> y = exp_reduced(xc, shifted);
   Int32x16 bits = reinterpret_cast<Int32x16>(shifted) - (kRoundBits - 127);
   bits = bits > 0 ? bits : 0;
   return y * reinterpret_cast<Vec<float>>(bits << 23);
@@ -72,19 +62,7 @@ ATTNLAB_INLINE Vec<float> log_positive_vec(Vec<float> x) {
   const Int32x16 upper = m > 1.41421356237f;  // −1 where true
   m = upper ? 0.5f * m : m;
   const Vec<float> e = __builtin_convertvector((bits >> 23) - 127 - upper, Vec<float>);
-  const Vec<float> f = m - 1.0f;
-  const Vec<float> z = f * f;
-  Vec<float> p = Vec<float>{} + 7.0376836292e-2f;
-  p = p * f - 1.1514610310e-1f;
-  p = p * f + 1.1676998740e-1f;
-  p = p * f - 1.2420140846e-1f;
-  p = p * f + 1.4249322787e-1f;
-  p = p * f - 1.6668057665e-1f;
-  p = p * f + 2.0000714765e-1f;
-  p = p * f - 2.4999993993e-1f;
-  p = p * f + 3.3333331174e-1f;
-  Vec<float> y = f * z * p + e * -2.12194440e-4f - 0.5f * z;
-  y = f + y + e * 0.693359375f;
+  const Vec<float> y = log_from_parts(m, e);
   return (x == x) & (x < std::numeric_limits<float>::infinity()) ? y : x;
 }
 ATTNLAB_INLINE Vec<double> log_positive_vec(Vec<double> x) {

@@ -225,7 +225,6 @@ ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int
   const Vec<T>*kt = st.kt, *vt = st.vt, *kp = st.kp;
   T(*ds_all)[L] = st.ds_all;
   T(*p_all)[L] = st.p_all;
-  const int64_t qk_vectors = (dim_qk + L - 1) / L;
   Vec<T> lane = {};
   for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
   const int64_t group = std::min(kGroup, len_q - r0);
@@ -243,11 +242,8 @@ ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int
       prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
     }
   } else {
-    Vec<T> s[kGroup] = {};
-    for (int64_t e = 0; e < dim_qk; ++e) {
-      const Vec<T> key = kt[e];
-      for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
-    }
+    Vec<T> s[kGroup];
+    group_row_products<T, kGroup>(qr, kt, dim_qk, s);
     for (int64_t i = 0; i < kGroup; ++i) {
       const int64_t r = std::min(r0 + i, len_q - 1);
       const T l = lse[r];
@@ -264,11 +260,8 @@ ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int
     }
   }
   // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
-  Vec<T> dp[kGroup] = {};
-  for (int64_t c = 0; c < dim_v; ++c) {
-    const Vec<T> value = vt[c];
-    for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
-  }
+  Vec<T> dp[kGroup];
+  group_row_products<T, kGroup>(dor, vt, dim_v, dp);
   alignas(64) T ds[kGroup][L];
   for (int64_t i = 0; i < kGroup; ++i) {
     const int64_t r = std::min(r0 + i, len_q - 1);
@@ -282,18 +275,7 @@ ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int
     }
   }
   // dQ_i = scale·Σ_j dS_ij·K_j
-  for (int64_t c = 0; c < qk_vectors; ++c) {
-    Vec<T> acc[kGroup] = {};
-    for (int64_t j = 0; j < len_k; ++j) {
-      const Vec<T> key = kp[j * qk_vectors + c];
-      for (int64_t i = 0; i < kGroup; ++i) acc[i] += ds[i][j] * key;
-    }
-    const int64_t n = std::min(L, dim_qk - c * L);
-    for (int64_t i = 0; i < kGroup; ++i) {
-      if (i >= group) break;
-      store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
-    }
-  }
+  group_query_grads<T, kGroup>(ds, kp, len_k, dim_qk, scale, group, dq + r0 * dim_qk);
 }
 
 template <typename T>

@@ -31,17 +31,6 @@ ATTNLAB_INLINE Vec<T> lane_index() {
   return lane;
 }
 
-// Scores of up to kGroup rows: s[i] = q_i·kᵀ (kt: Kᵀ, one key per lane).
-template <typename T>
-ATTNLAB_INLINE void group_scores(const T* const* qr, const Vec<T>* kt, int64_t dim_qk,
-                                 Vec<T>* s) {
-  for (int64_t i = 0; i < kGroup; ++i) s[i] = Vec<T>{};
-  for (int64_t e = 0; e < dim_qk; ++e) {
-    const Vec<T> key = kt[e];
-    for (int64_t i = 0; i < kGroup; ++i) s[i] += qr[i][e] * key;
-  }
-}
-
 // scale·s + mask on the row's visible keys, −inf elsewhere (a −inf mask entry hides the key
 // whatever its score).
 template <typename T>
@@ -276,7 +265,7 @@ ATTNLAB_INLINE void small_sparse_rows_impl(double alpha, int64_t rows, int64_t l
     const T* qr[kGroup];
     for (int64_t i = 0; i < kGroup; ++i) qr[i] = q + std::min(r0 + i, rows - 1) * ldq;
     Vec<T> s[kGroup];
-    group_scores(qr, kt, dim_qk, s);
+    group_row_products<T, kGroup>(qr, kt, dim_qk, s);
     // P and S/ΣS of each row (zero for the group's unused rows and rows without values).
     alignas(64) T p[kGroup][L] = {};
     alignas(64) T sn[kGroup][L] = {};
@@ -420,7 +409,7 @@ ATTNLAB_INLINE void small_sparse_backward_impl(
       }
     } else {
       Vec<T> s[kGroup];
-      group_scores(qr, kt, dim_qk, s);
+      group_row_products<T, kGroup>(qr, kt, dim_qk, s);
       for (int64_t i = 0; i < kGroup; ++i) {
         const int64_t r = std::min(r0 + i, len_q - 1);
         const T t = tau[r];
@@ -453,11 +442,8 @@ ATTNLAB_INLINE void small_sparse_backward_impl(
       }
     }
     // dP_i = dO_i·Vᵀ over the keys, then dZ_i = s_i ⊙ (dP_i − delta_i).
-    Vec<T> dp[kGroup] = {};
-    for (int64_t c = 0; c < dim_v; ++c) {
-      const Vec<T> value = vt[c];
-      for (int64_t i = 0; i < kGroup; ++i) dp[i] += dor[i][c] * value;
-    }
+    Vec<T> dp[kGroup];
+    group_row_products<T, kGroup>(dor, vt, dim_v, dp);
     alignas(64) T dz[kGroup][L];
     for (int64_t i = 0; i < kGroup; ++i) {
       const int64_t r = std::min(r0 + i, len_q - 1);
@@ -470,17 +456,7 @@ ATTNLAB_INLINE void small_sparse_backward_impl(
       }
     }
     // dQ_i = scale·Σ_j dZ_ij·K_j
-    for (int64_t c = 0; c < qk_vectors; ++c) {
-      Vec<T> acc[kGroup] = {};
-      for (int64_t j = 0; j < len_k; ++j) {
-        const Vec<T> key = kp[j * qk_vectors + c];
-        for (int64_t i = 0; i < kGroup; ++i) acc[i] += dz[i][j] * key;
-      }
-      const int64_t n = std::min(L, dim_qk - c * L);
-      for (int64_t i = 0; i < group; ++i) {
-        store_part(dq + (r0 + i) * dim_qk + c * L, acc[i] * scale, n);
-      }
-    }
+    group_query_grads<T, kGroup>(dz, kp, len_k, dim_qk, scale, group, dq + r0 * dim_qk);
   }
   // dK_j = scale·Σ_i dZ_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
   small_key_sums<T>(dz_all, len_q, len_k, q, ldq, dim_qk, scale, dk);

@@ -98,6 +98,36 @@ ATTNLAB_INLINE void store_part(T* dst, const Vec<T>& v, int64_t n) {
   }
 }
 
+// Products of a group of G rows with vectors by feature: out[i] = Σ_c rows[i][c]·vecs[c] (the
+// scores against Kᵀ, or dP = dO·Vᵀ against Vᵀ, one key per lane).
+template <typename T, int64_t G>
+ATTNLAB_INLINE void group_row_products(const T* const* rows, const Vec<T>* vecs, int64_t n,
+                                       Vec<T>* out) {
+  for (int64_t i = 0; i < G; ++i) out[i] = Vec<T>{};
+  for (int64_t c = 0; c < n; ++c) {
+    const Vec<T> v = vecs[c];
+    for (int64_t i = 0; i < G; ++i) out[i] += rows[i][c] * v;
+  }
+}
+
+// dQ of the first `group` rows of a group of G: row i of dq_rows (dim_qk apart) gets
+// scale·Σ_j d[i][j]·K_j, with kp K's rows as whole vectors (zero-padded).
+template <typename T, int64_t G>
+ATTNLAB_INLINE void group_query_grads(const T (*d)[kLanes<T>], const Vec<T>* kp, int64_t len_k,
+                                      int64_t dim_qk, T scale, int64_t group, T* dq_rows) {
+  constexpr int64_t L = kLanes<T>;
+  const int64_t qk_vectors = (dim_qk + L - 1) / L;
+  for (int64_t c = 0; c < qk_vectors; ++c) {
+    Vec<T> acc[G] = {};
+    for (int64_t j = 0; j < len_k; ++j) {
+      const Vec<T> key = kp[j * qk_vectors + c];
+      for (int64_t i = 0; i < G; ++i) acc[i] += d[i][j] * key;
+    }
+    const int64_t n = std::min(L, dim_qk - c * L);
+    for (int64_t i = 0; i < group; ++i) store_part(dq_rows + i * dim_qk + c * L, acc[i] * scale, n);
+  }
+}
+
 // Kᵀ (or Vᵀ) of up to one vector of rows: out[e] holds feature e of every row, one row per lane.
 template <typename T>
 ATTNLAB_INLINE void transpose_rows(const T* x, int64_t ld, int64_t n_rows, int64_t dim,

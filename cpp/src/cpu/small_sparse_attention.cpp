@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 
+#include "cpu/entmax_threshold.h"
 #include "cpu/isa.h"
 #include "cpu/vec_lanes.h"
 
@@ -146,8 +147,8 @@ ATTNLAB_INLINE Doubles8 pow_positive_lanes(Doubles8 x, double e) {
 template <int H>
 ATTNLAB_INLINE double lane_bisect_threshold(const Doubles8* c, int64_t m, double am1, double r,
                                             double tol) {
-  double lo = -1, hi = -std::pow(1.0 / static_cast<double>(m), am1);
-  if (!(hi > lo)) return lo;  // m = 1: the one candidate takes everything
+  double lo, hi;
+  if (!entmax_bracket(m, am1, lo, hi)) return lo;
   const auto add = [](Doubles8 a, Doubles8 b) { return a + b; };
   double t = lo;
   for (int step_count = 0; step_count < 200; ++step_count) {
@@ -160,17 +161,8 @@ ATTNLAB_INLINE double lane_bisect_threshold(const Doubles8* c, int64_t m, double
     }
     const double f = reduce_lanes<double>(f_lanes, add) - 1;
     const double df = reduce_lanes<double>(df_lanes, add);
-    if (f > 0) {
-      lo = t;
-    } else if (f < 0) {
-      hi = t;
-    } else {
-      return t;
-    }
-    double next = t + f / (r * df);
-    if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);
-    const bool done = std::abs(next - t) <= tol || hi - lo <= tol;
-    t = next;
+    bool done = false;
+    t = entmax_threshold_step(t, f, df, r, tol, lo, hi, done);
     if (done) break;
   }
   return t;

@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu/blas.h"
+#include "cpu/entmax_threshold.h"
 #include "cpu/isa.h"
 #include "cpu/small_sparse_attention.h"
 #include "cpu/softmax_rows.h"
@@ -187,8 +188,8 @@ ATTNLAB_INLINE double exact_threshold(const T* c, int64_t m, T* w, double* suppo
 template <typename T>
 ATTNLAB_INLINE double bisect_threshold(const T* c, int64_t m, const SparseNormalizer& nz,
                                        double tol) {
-  double lo = -1, hi = -std::pow(1.0 / static_cast<double>(m), nz.am1);
-  if (!(hi > lo)) return lo;  // m = 1: the one candidate takes everything
+  double lo, hi;
+  if (!entmax_bracket(m, nz.am1, lo, hi)) return lo;
   double t = lo;
   for (int step_count = 0; step_count < 200; ++step_count) {
     double f = -1, df = 0;  // f(t) and −f'(t)/r
@@ -200,17 +201,8 @@ ATTNLAB_INLINE double bisect_threshold(const T* c, int64_t m, const SparseNormal
         df += pd / d;
       }
     }
-    if (f > 0) {
-      lo = t;
-    } else if (f < 0) {
-      hi = t;
-    } else {
-      return t;
-    }
-    double next = t + f / (nz.r * df);
-    if (!(next > lo && next < hi)) next = 0.5 * (lo + hi);
-    const bool done = std::abs(next - t) <= tol || hi - lo <= tol;
-    t = next;
+    bool done = false;
+    t = entmax_threshold_step(t, f, df, nz.r, tol, lo, hi, done);
     if (done) break;
   }
   return t;

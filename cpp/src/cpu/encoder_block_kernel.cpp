@@ -25,7 +25,8 @@ constexpr int64_t kKeptScratchBytes = int64_t(64) << 20;
 // Scratch memory for one chunk, carved from a block that each thread keeps between calls (up
 // to kKeptScratchBytes): allocating and freeing megabytes per call let the allocator hand the
 // pages back to the kernel and fault them in again, ~200 page faults per reversal-shape layer.
-template <typename T>
+// Slot tells apart blocks that are alive at the same time on one thread.
+template <typename T, int Slot = 0>
 class ChunkScratch {
  public:
   explicit ChunkScratch(int64_t elements) {
@@ -174,6 +175,17 @@ ATTNLAB_ISA_CLONES void add_rows(int64_t rows, int64_t cols, const T* a, const T
     for (int64_t c = 0; c < cols; ++c) {
       out[r * cols + c] = a[r * cols + c] + (b ? b[r * cols + c] : T(0)) + (bias ? bias[c] : T(0));
     }
+  }
+}
+
+// total[j] += Σ_c partials[c·stride + j] for j < n, c < count.
+template <typename T>
+ATTNLAB_ISA_CLONES void add_partials(int64_t n, int64_t count, int64_t stride, const T* partials,
+                                     T* total) {
+  for (int64_t c = 0; c < count; ++c) {
+    const T* part = partials + c * stride;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) total[j] += part[j];
   }
 }
 
@@ -470,8 +482,10 @@ void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, co
   const int64_t chunks = chunk_count(s), row = s.length * s.dim;
   const auto sizes = param_sizes(s);
   const int64_t params = std::accumulate(sizes.begin(), sizes.end(), int64_t(0));
-  // Chunk 0 writes the parameters' gradients in place, the others into partial sums.
-  auto partials = scratch<T>((chunks - 1) * params);
+  // Chunk 0 writes the parameters' gradients in place, the others into partial sums, kept
+  // between calls (a fresh block cost its first-touch page faults on every call).
+  ChunkScratch<T, 1> partial_block((chunks - 1) * params);
+  T* const partials = partial_block.take((chunks - 1) * params);
   at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
     for (int64_t c = begin; c < end; ++c) {
@@ -480,17 +494,21 @@ void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, co
       part.batch = b1 - b0;
       backward_chunk(part, grad_output + b0 * row, x + b0 * row, p, mask_from_batch(s, mask, b0),
                      all.from_batch(s, b0), grad_x ? grad_x + b0 * row : nullptr,
-                     c == 0 ? grads : grads_in(s, partials.get() + (c - 1) * params));
+                     c == 0 ? grads : grads_in(s, partials + (c - 1) * params));
     }
   });
-  // The parameters' gradients sum over the chunks.
+  // The parameters' gradients sum over the chunks, split over the threads by element (the
+  // anomaly shape has half a million; one thread summing them left the other idle).
+  if (chunks == 1) return;
   const auto totals = views_of(grads);
-  for (int64_t c = 1; c < chunks; ++c) {
-    const auto part = views_of(grads_in(s, partials.get() + (c - 1) * params));
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      for (int64_t j = 0; j < sizes[i]; ++j) totals[i][j] += part[i][j];
+  at::parallel_for(0, params, 1 << 14, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;  // flat index of tensor i's element 0
+    for (size_t i = 0; i < sizes.size(); first += sizes[i], ++i) {
+      const int64_t lo = std::max(begin, first), hi = std::min(end, first + sizes[i]);
+      if (lo >= hi) continue;
+      add_partials(hi - lo, chunks - 1, params, partials + lo, totals[i] + (lo - first));
     }
-  }
+  });
 }
 
 template void encoder_block_forward<float>(const EncoderBlockShape&, const float*,

@@ -1,6 +1,8 @@
 """float16 and bfloat16 on the CPU: the operator, its gradients, the modules and the fused encoder
-block accept them, compute in float32, and are no less accurate than torch's own SDPA at the same
-dtype (error against a float64 reference of the same rounded inputs at most 2x torch's)."""
+block accept them, compute in float32 (bfloat16's blocked products on bfloat16 operands where the
+CPU has AVX512-BF16, as torch's own kernel does), and are no less accurate than torch's own SDPA
+at the same dtype (error against a float64 reference of the same rounded inputs at most 2x
+torch's)."""
 
 import math
 
@@ -57,7 +59,8 @@ def test_forward_at_most_twice_torch_error(name, dtype):
     assert weights is None
     ours_err, torch_err = _max_err(out, ref), _max_err(theirs, ref)
     assert ours_err <= 2 * torch_err, (ours_err, torch_err)
-    # float32 arithmetic: only the final rounding is left (half an ulp of the largest output).
+    # float32 sums (and for bfloat16 at most the probabilities rounded in P·V): within an ulp of
+    # the largest output.
     assert ours_err <= EPS[dtype] * ref.abs().max().item(), ours_err
 
 
@@ -106,6 +109,80 @@ def test_gradients_at_most_twice_torch_error(name, dtype):
         assert mine.dtype == dtype, label
         ours_err, torch_err = _max_err(mine, exact), _max_err(other, exact)
         assert ours_err <= 2 * torch_err + EPS[dtype] * exact.abs().max().item() / 2, \
+            (label, ours_err, torch_err)
+
+
+# The blocked kernel's shapes (more than 16 keys, several query and key blocks, ragged ends), where
+# bfloat16 inputs run their products on bfloat16 operands (AVX512-BF16) like torch's kernel.
+BLOCKED = {
+    "64 keys": dict(shape=(2, 2, 64, 64), mask=None, causal=False),
+    "ragged 300 causal": dict(shape=(1, 2, 300, 64), mask=None, causal=True),
+    "ragged 300 bool mask": dict(shape=(2, 1, 300, 64), mask="bool", causal=False),
+    "ragged 300 float mask": dict(shape=(1, 2, 300, 32), mask="float", causal=False),
+    "several key blocks": dict(shape=(1, 1, 1100, 64), mask=None, causal=False),
+    "several key blocks causal": dict(shape=(1, 1, 1100, 64), mask=None, causal=True),
+}
+
+
+def _grads(fn, inputs, grad_out):
+    """fn's output and its gradients with respect to the floating-point inputs."""
+    inputs = [t.detach().clone().requires_grad_(t.is_floating_point()) if t is not None else None
+              for t in inputs]
+    out = fn(*inputs)
+    leaves = [t for t in inputs if t is not None and t.requires_grad]
+    return [out.detach()] + list(torch.autograd.grad(out, leaves, grad_out.to(out.dtype)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(BLOCKED))
+def test_blocked_forward_and_gradients_at_most_twice_torch_error(name, dtype):
+    case = BLOCKED[name]
+    q, k, v, mask = _inputs(case, dtype, seed=2)
+    if mask is not None and mask.is_floating_point():
+        mask = mask.requires_grad_()
+    causal = case["causal"]
+    grad_out = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(3))
+    ref = _grads(lambda *a: reference_attention(*a, is_causal=causal)[0], (q, k, v, mask), grad_out)
+    ours = _grads(lambda *a: attnlab.scaled_dot_product_attention(*a, is_causal=causal)[0],
+                  (q, k, v, mask), grad_out)
+    theirs = _grads(lambda *a: F.scaled_dot_product_attention(*a, is_causal=causal),
+                    (q, k, v, mask), grad_out)
+    for label, mine, other, exact in zip(["out", "q", "k", "v", "mask"], ours, theirs, ref):
+        assert mine.dtype == dtype and mine.shape == exact.shape, label
+        assert torch.isfinite(mine).all(), label
+        ours_err, torch_err = _max_err(mine, exact), _max_err(other, exact)
+        # torch's error, doubled, is the bound; a quarter ulp of the largest value absorbs the
+        # cases where torch happens to land within a rounding of the exact values.
+        assert ours_err <= 2 * torch_err + EPS[dtype] * exact.abs().max().item() / 4, \
+            (label, ours_err, torch_err)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", ["64 keys", "ragged 300 causal", "ragged 300 float mask",
+                                  "several key blocks"])
+def test_blocked_weights_and_the_backward_that_reuses_them(name, dtype):
+    case = BLOCKED[name]
+    q, k, v, mask = _inputs(case, dtype, seed=4)
+    causal = case["causal"]
+    _, ref_w = reference_attention(q, k, v, mask, causal)
+    out, weights = attnlab.scaled_dot_product_attention(q, k, v, mask, causal, need_weights=True)
+    # The scores' products are exact in float32 (bfloat16 operands): the weights are the float64
+    # probabilities up to the final rounding (and float16's subnormal spacing for the tiniest).
+    tiny = 2.0 ** -24 if dtype == torch.float16 else 0.0
+    torch.testing.assert_close(weights.double(), ref_w, atol=tiny, rtol=EPS[dtype])
+    # The backward reuses the kept weights as P: its gradients against float64, bounded by
+    # torch's at the same dtype as above.
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    ours = _grads(lambda *a: attnlab.scaled_dot_product_attention(*a, mask, causal,
+                                                                  need_weights=True)[0],
+                  (q, k, v), grad_out)
+    ref = _grads(lambda *a: reference_attention(*a, mask, causal)[0], (q, k, v), grad_out)
+    theirs = _grads(lambda *a: F.scaled_dot_product_attention(*a, mask, is_causal=causal),
+                    (q, k, v), grad_out)
+    for label, mine, other, exact in zip(["out", "q", "k", "v"], ours, theirs, ref):
+        assert mine.dtype == dtype, label
+        ours_err, torch_err = _max_err(mine, exact), _max_err(other, exact)
+        assert ours_err <= 2 * torch_err + EPS[dtype] * exact.abs().max().item() / 4, \
             (label, ours_err, torch_err)
 
 

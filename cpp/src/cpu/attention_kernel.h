@@ -24,6 +24,10 @@ struct AttentionProblem {
   BatchedRows<T> mask;  // additive [len_q, len_k] per batch entry; data == nullptr for none
   bool causal = false;  // query i sees keys j <= i
   T scale = 1;
+  // The operands are bfloat16 values widened to T = float: the blocked paths' products may
+  // then round their operands to bfloat16 (exact for Q, K, V and dO; P and dS rounded, as in
+  // torch's bfloat16 kernels) and run on the CPU's bfloat16 dot products where it has them.
+  bool bf16_operands = false;
 };
 
 // output [batch, len_q, dim_v] and logsumexp [batch, len_q], contiguous. weights, when not

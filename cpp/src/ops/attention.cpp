@@ -23,19 +23,27 @@ bool reduced_precision(const Tensor& t) { return at::isReducedFloatingType(t.sca
 
 Tensor to_float(const Tensor& t) { return t.to(at::kFloat); }
 
-std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const Tensor& key,
+// Whether the float32 kernel may run the products of these reduced-precision inputs on
+// bfloat16 operands: only for bfloat16 inputs, whose widened values round back exactly
+// (float16 ones would lose mantissa bits).
+bool bf16_products(const Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
+// The forward; bf16_operands (set by the reduced-precision branch for the float32 tensors it
+// makes): see cpu::AttentionProblem.
+std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const Tensor& key,
                                                      const Tensor& value,
                                                      const std::optional<Tensor>& attn_mask,
                                                      bool is_causal, std::optional<double> scale,
-                                                     bool need_weights) {
+                                                     bool need_weights, bool bf16_operands) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   if (reduced_precision(query)) {
     // float16 and bfloat16 run through the float32 kernel: the inputs are widened once, every
-    // product and sum is float32, and only the results are rounded (the log-sum-exp stays
-    // float32, as on CUDA).
-    auto [output, lse, weights] = sdpa_forward_cpu(to_float(query), to_float(key),
-                                                   to_float(value), attn_mask, is_causal, scale,
-                                                   need_weights);
+    // sum is float32, and only the results are rounded (the log-sum-exp stays float32, as on
+    // CUDA). For bfloat16 the products may round the probabilities to bfloat16, as torch's
+    // bfloat16 kernel does, to run on the CPU's bfloat16 dot products.
+    auto [output, lse, weights] =
+        sdpa_forward_impl(to_float(query), to_float(key), to_float(value), attn_mask, is_causal,
+                          scale, need_weights, bf16_products(query));
     return {output.to(query.scalar_type()), lse, weights.to(query.scalar_type())};
   }
   const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
@@ -46,6 +54,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
                                 : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_forward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    prepared.problem.bf16_operands = bf16_operands;
     cpu::attention_forward<scalar_t>(prepared.problem, output.data_ptr<scalar_t>(),
                                      lse.data_ptr<scalar_t>(),
                                      need_weights ? weights.data_ptr<scalar_t>() : nullptr);
@@ -53,26 +62,36 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
   return {output, lse, weights};
 }
 
+std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const Tensor& key,
+                                                     const Tensor& value,
+                                                     const std::optional<Tensor>& attn_mask,
+                                                     bool is_causal, std::optional<double> scale,
+                                                     bool need_weights) {
+  return sdpa_forward_impl(query, key, value, attn_mask, is_causal, scale, need_weights, false);
+}
+
 // grad_weights: also return dP = grad_output·valueᵀ [..., L_q, L_k] at the output's batch
 // shape (the gradient with respect to the weights as free variables, at every position); an
 // empty tensor otherwise.
-std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask, bool grad_weights) {
+    bool grad_mask, bool grad_weights, bool bf16_operands) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
   checks::sdpa_backward_inputs(grad_output, output, logsumexp, weights, batch, len_q, len_k,
                                dim_v);
   if (reduced_precision(query)) {
-    // As in the forward: float32 throughout, the gradients rounded at the end.
+    // As in the forward: float32 sums, the gradients rounded at the end, and for bfloat16
+    // products on bfloat16 operands (P and dS rounded, as in torch's bfloat16 kernel).
     std::optional<Tensor> weights32;
     if (weights && weights->defined()) weights32 = to_float(*weights);
-    auto [dq, dk, dv, dmask, dweights] = sdpa_backward_cpu(
+    auto [dq, dk, dv, dmask, dweights] = sdpa_backward_impl(
         to_float(grad_output), to_float(query), to_float(key), to_float(value), attn_mask,
-        is_causal, scale, to_float(output), logsumexp, weights32, grad_mask, grad_weights);
+        is_causal, scale, to_float(output), logsumexp, weights32, grad_mask, grad_weights,
+        bf16_products(query));
     const auto dtype = query.scalar_type();
     const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
     return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype),
@@ -94,6 +113,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
                                : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_backward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    prepared.problem.bf16_operands = bf16_operands;
     std::vector<int64_t> grad_offsets;
     const Tensor grad_rows = rows_contiguous(grad_output);
     const auto grad = batched_rows<scalar_t>(grad_rows, batch, grad_offsets);
@@ -110,6 +130,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
   if (mask_grad) grad_m = grad_m.sum_to_size(attn_mask->sizes()).to(attn_mask->scalar_type());
   return {grad_q.sum_to_size(query.sizes()), grad_k.sum_to_size(key.sizes()),
           grad_v.sum_to_size(value.sizes()), grad_m, grad_w};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
+    const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
+    bool grad_mask, bool grad_weights) {
+  return sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
+                            logsumexp, weights, grad_mask, grad_weights, false);
 }
 
 c10::TypedOperatorHandle<decltype(sdpa_forward_cpu)> forward_op() {

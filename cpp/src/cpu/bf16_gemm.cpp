@@ -1,0 +1,257 @@
+#include "cpu/bf16_gemm.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu/blas.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATTNLAB_HAVE_BF16_KERNEL 1
+#include <immintrin.h>
+
+#include "cpu/vec_transpose.h"
+#endif
+
+namespace attnlab::cpu {
+
+#ifdef ATTNLAB_HAVE_BF16_KERNEL
+namespace {
+
+// Only these functions are compiled for AVX512-BF16; bf16_gemm calls them after the run-time
+// check, so the library still loads and runs on CPUs without it.
+#define ATTNLAB_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#define ATTNLAB_BF16_INLINE ATTNLAB_BF16 inline __attribute__((always_inline))
+
+// Operands are packed as 32-bit pairs of bfloat16 values, the unit vdpbf16ps multiplies: pair p
+// of a row of op(A) holds op(A)[i, 2p] (low half) and op(A)[i, 2p + 1]; pair p of a column of
+// op(B) likewise op(B)[2p, j] and op(B)[2p + 1, j]. An odd k ends in a pair whose high half is 0.
+using Pair = uint32_t;
+
+// Register block: kRows rows of C by kVecs vectors of 16 columns: 16 accumulators, 2 B vectors
+// and a broadcast A pair of the 32 zmm registers. 32 columns divide the attention's widths (64,
+// 128, 512), so its blocks need no column tails.
+constexpr int kRows = 8;
+constexpr int kVecs = 2;
+constexpr int64_t kLanes16 = 16;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The first n of 16 lanes (n clamped to [0, 16]).
+ATTNLAB_BF16_INLINE __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// 32 floats (the first `count` of x, zeros after) rounded to 16 pairs: pair q = (x[2q], x[2q+1]).
+ATTNLAB_BF16_INLINE __m512i pairs_of_run(const float* x, int64_t count) {
+  const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(count), x);
+  const __m512 hi = _mm512_maskz_loadu_ps(first_lanes(count - 16), x + 16);
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// Two float rows x0, x1 (the first `count` of 16 columns, zeros after; x1 null for zeros)
+// rounded and interleaved column by column: pair j = (x0[j], x1[j]).
+ATTNLAB_BF16_INLINE __m512i pairs_of_rows(const float* x0, const float* x1, int64_t count,
+                                          __m512i interleave) {
+  const __mmask16 lanes = first_lanes(count);
+  const __m512 v0 = _mm512_maskz_loadu_ps(lanes, x0);
+  const __m512 v1 = x1 ? _mm512_maskz_loadu_ps(lanes, x1) : _mm512_setzero_ps();
+  // words 0..15 = v0, 16..31 = v1; vpermw puts word j of each next to the other.
+  return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+}
+
+ATTNLAB_BF16_INLINE __m512i interleave_index() {
+  alignas(64) uint16_t index[32];
+  for (int w = 0; w < 32; ++w) index[w] = static_cast<uint16_t>((w % 2 ? 16 : 0) + w / 2);
+  return _mm512_load_si512(index);
+}
+
+// X has k rows (the reduction dimension) of `width` floats: out[p·ldo + j] = pair p of column
+// j, zero for width <= j < ldo (ldo a multiple of 16). B when not transposed, A when transposed.
+ATTNLAB_BF16 void pack_row_pairs(const float* x, int64_t ldx, int64_t k, int64_t width,
+                                 Pair* out, int64_t ldo) {
+  const __m512i interleave = interleave_index();
+  for (int64_t p = 0; 2 * p < k; ++p) {
+    const float* x0 = x + 2 * p * ldx;
+    const float* x1 = 2 * p + 1 < k ? x0 + ldx : nullptr;
+    Pair* o = out + p * ldo;
+    for (int64_t j0 = 0; j0 < ldo; j0 += kLanes16) {
+      const int64_t count = width - j0;
+      const __m512i v =
+          count > 0 ? pairs_of_rows(x0 + j0, x1 ? x1 + j0 : nullptr, count, interleave)
+                    : _mm512_setzero_si512();
+      _mm512_storeu_si512(o + j0, v);
+    }
+  }
+}
+
+// X has `width` rows of k contiguous floats, X[j, 2p] and X[j, 2p + 1] side by side: rounded
+// whole runs make the pairs of row j, and 16×16 transposes of pairs lay them out as
+// out[p·ldo + j] (zero for width <= j < ldo). B when transposed (keys in Q·Kᵀ).
+ATTNLAB_BF16 void pack_transposed_pairs(const float* x, int64_t ldx, int64_t k, int64_t width,
+                                        Pair* out, int64_t ldo) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t j0 = 0; j0 < ldo; j0 += kLanes16) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += kLanes16) {
+      Vec<float> r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        r[i] = j0 + i < width ? (Vec<float>)pairs_of_run(x + (j0 + i) * ldx + 2 * p0, k - 2 * p0)
+                              : Vec<float>{};
+      }
+      transpose_block<float>(r);  // 32-bit lanes: the pairs move as a whole
+      const int64_t rows = std::min(kLanes16, pairs - p0);
+      for (int64_t q = 0; q < rows; ++q) {
+        _mm512_storeu_si512(out + (p0 + q) * ldo + j0, (__m512i)r[q]);
+      }
+    }
+  }
+}
+
+// X has `width` rows of k contiguous floats: out[i·ldo + p] = pair p of row i. A when not
+// transposed (the broadcasts then walk along a row).
+ATTNLAB_BF16 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width, Pair* out,
+                            int64_t ldo) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t i = 0; i < width; ++i) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += kLanes16) {
+      _mm512_mask_storeu_epi32(out + i * ldo + p0, first_lanes(pairs - p0),
+                               pairs_of_run(x + i * ldx + 2 * p0, k - 2 * p0));
+    }
+  }
+}
+
+// One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
+// `last`). Pair p of row r of op(A) is a[r·a_row + p·a_pair]; b holds the block's columns,
+// pair p at b + p·ldb.
+template <int Rows, int Vecs>
+ATTNLAB_BF16_INLINE void block(int64_t pairs, const Pair* a, int64_t a_row, int64_t a_pair,
+                               const Pair* b, int64_t ldb, float alpha, float beta, float* c,
+                               int64_t ldc, __mmask16 last) {
+  __m512 acc[Rows][Vecs];
+  for (int r = 0; r < Rows; ++r) {
+    for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh bv[Vecs];
+    for (int v = 0; v < Vecs; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + 16 * v);
+    const Pair* ap = a + p * a_pair;
+    for (int r = 0; r < Rows; ++r) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[r * a_row]));
+      for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+  const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
+  for (int r = 0; r < Rows; ++r) {
+    for (int v = 0; v < Vecs; ++v) {
+      const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
+      float* cr = c + r * ldc + 16 * v;
+      __m512 out = _mm512_mul_ps(acc[r][v], valpha);
+      if (beta != 0.0f) out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out);
+      _mm512_mask_storeu_ps(cr, lanes, out);
+    }
+  }
+}
+
+template <int Vecs>
+ATTNLAB_BF16_INLINE void column_block(int64_t m, int64_t pairs, const Pair* a, int64_t a_row,
+                                      int64_t a_pair, const Pair* b, int64_t ldb, float alpha,
+                                      float beta, float* c, int64_t ldc, __mmask16 last) {
+  int64_t i0 = 0;
+  for (; i0 + kRows <= m; i0 += kRows) {
+    block<kRows, Vecs>(pairs, a + i0 * a_row, a_row, a_pair, b, ldb, alpha, beta, c + i0 * ldc,
+                       ldc, last);
+  }
+  const Pair* ai = a + i0 * a_row;
+  float* ci = c + i0 * ldc;
+  switch (m - i0) {  // the remaining rows in one block of their own size
+    case 7: block<7, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 6: block<6, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 5: block<5, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 4: block<4, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 3: block<3, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 2: block<2, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 1: block<1, Vecs>(pairs, ai, a_row, a_pair, b, ldb, alpha, beta, ci, ldc, last); break;
+    default: break;
+  }
+}
+
+ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                   float alpha, const float* a, int64_t lda, const float* b,
+                                   int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t pairs = (k + 1) / 2;
+  // Per-thread buffers, grown as needed: the attention kernels call this on every block.
+  thread_local std::vector<Pair> packed_a, packed_b;
+  // op(B) in panels of kCols columns (the last one narrower), each panel's pairs contiguous so
+  // that a register block streams through memory in order: panel j0 starts at j0·pairs.
+  constexpr int64_t kCols = kVecs * kLanes16;
+  const int64_t ldpb = round_up(n, kLanes16);
+  if (static_cast<int64_t>(packed_b.size()) < pairs * ldpb) packed_b.resize(pairs * ldpb);
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const int64_t width = std::min(kCols, n - j0), ldo = round_up(width, kLanes16);
+    if (trans_b) {
+      pack_transposed_pairs(b + j0 * ldb, ldb, k, width, packed_b.data() + j0 * pairs, ldo);
+    } else {
+      pack_row_pairs(b + j0, ldb, k, width, packed_b.data() + j0 * pairs, ldo);
+    }
+  }
+  int64_t a_row, a_pair;
+  if (trans_a) {  // op(A)'s columns are A's rows: packed like B, pairs of rows interleaved
+    const int64_t ldpa = round_up(m, kLanes16);
+    if (static_cast<int64_t>(packed_a.size()) < pairs * ldpa) packed_a.resize(pairs * ldpa);
+    pack_row_pairs(a, lda, k, m, packed_a.data(), ldpa);
+    a_row = 1;
+    a_pair = ldpa;
+  } else {
+    if (static_cast<int64_t>(packed_a.size()) < m * pairs) packed_a.resize(m * pairs);
+    pack_rows(a, lda, k, m, packed_a.data(), pairs);
+    a_row = pairs;
+    a_pair = 1;
+  }
+  const Pair* pa = packed_a.data();
+  const Pair* pb = packed_b.data();
+  int64_t j0 = 0;
+  for (; j0 + kCols <= n; j0 += kCols) {
+    column_block<kVecs>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, kCols, alpha, beta, c + j0,
+                        ldc, __mmask16(0xFFFF));
+  }
+  const int64_t rest = n - j0;  // fewer than kCols columns: one or two vectors, the last masked
+  if (rest > kLanes16) {
+    column_block<2>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, 2 * kLanes16, alpha, beta,
+                    c + j0, ldc, first_lanes(rest - kLanes16));
+  } else if (rest > 0) {
+    column_block<1>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, kLanes16, alpha, beta, c + j0,
+                    ldc, first_lanes(rest));
+  }
+}
+
+}  // namespace
+
+bool bf16_gemm_available() {
+  static const bool available = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bf16");
+  }();
+  return available;
+}
+
+#else
+
+bool bf16_gemm_available() { return false; }
+
+#endif
+
+void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+#ifdef ATTNLAB_HAVE_BF16_KERNEL
+  if (m > 0 && n > 0 && k > 0 && bf16_gemm_available()) {
+    bf16_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#endif
+  // Empty products (gemm scales or clears C when k = 0) and CPUs without AVX512-BF16.
+  gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace attnlab::cpu

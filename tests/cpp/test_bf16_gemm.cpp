@@ -1,0 +1,185 @@
+// The bfloat16 GEMM (cpu/bf16_gemm.h) against a float64 product of the operands rounded to
+// bfloat16 here, independently: every transpose combination, ragged sizes around the register
+// block and vector widths, odd k, alpha/beta (beta = 0 over NaN), padded leading dimensions.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cpu/bf16_gemm.h"
+
+namespace {
+
+using attnlab::cpu::bf16_gemm;
+using attnlab::cpu::bf16_gemm_available;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = -12345.0f;  // fills the padding beyond n in every row of C
+
+// x rounded to the nearest bfloat16 (ties to even), for finite x.
+double to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t lower = bits & 0xFFFFu, keep = bits >> 16;
+  uint32_t rounded = keep;
+  if (lower > 0x8000u || (lower == 0x8000u && (keep & 1u))) rounded += 1;
+  bits = rounded << 16;
+  float y;
+  std::memcpy(&y, &bits, sizeof(y));
+  return y;
+}
+
+#define SKIP_WITHOUT_BF16()                                                                 \
+  if (!bf16_gemm_available()) {                                                             \
+    GTEST_SKIP() << "this CPU lacks AVX512-BF16: bf16_gemm runs the float32 gemm instead "  \
+                    "(BF16Gemm.WithoutAvx512Bf16IsTheFloatGemm covers that)";               \
+  }
+
+struct Case {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  float alpha, beta;
+  int64_t pad;  // added to every leading dimension
+};
+
+// Runs one case on random normal operands; returns the number of wrong elements (reported).
+int run_case(const Case& t, bool rounded, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  const int64_t lda = (t.trans_a ? t.m : t.k) + t.pad, ldb = (t.trans_b ? t.k : t.n) + t.pad;
+  const int64_t ldc = t.n + t.pad;
+  std::vector<float> a((t.trans_a ? t.k : t.m) * lda), b((t.trans_b ? t.n : t.k) * ldb);
+  for (float& x : a) x = normal(rng);
+  for (float& x : b) x = normal(rng);
+  std::vector<float> c(t.m * ldc, kSentinel), c0(t.m * ldc, kSentinel);
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) c0[i * ldc + j] = t.beta == 0.0f ? kNaN : normal(rng);
+  }
+  c = c0;
+  bf16_gemm(t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, a.data(), lda, b.data(), ldb, t.beta,
+            c.data(), ldc);
+  const auto round = [&](float x) { return rounded ? to_bf16(x) : static_cast<double>(x); };
+  int wrong = 0;
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (j >= t.n) {  // beyond the product: untouched
+        if (got != kSentinel) ++wrong;
+        continue;
+      }
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t p = 0; p < t.k; ++p) {
+        const double x = round(t.trans_a ? a[p * lda + i] : a[i * lda + p]);
+        const double y = round(t.trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+        sum += x * y;
+        magnitude += std::fabs(x * y);
+      }
+      const double old = t.beta == 0.0f ? 0.0 : static_cast<double>(c0[i * ldc + j]);
+      const double expected = t.alpha * sum + t.beta * old;
+      // float32 sums of exact products: a few ulps per term at worst
+      const double scale = std::fabs(t.alpha) * magnitude + std::fabs(t.beta * old);
+      const double bound = 2e-7 * static_cast<double>(t.k + 2) * scale + 1e-30;
+      if (!(std::fabs(got - expected) <= bound)) {
+        if (wrong < 3) {
+          ADD_FAILURE() << "trans_a " << t.trans_a << " trans_b " << t.trans_b << " m " << t.m
+                        << " n " << t.n << " k " << t.k << " beta " << t.beta << " at (" << i
+                        << ", " << j << "): " << got << " vs " << expected;
+        }
+        ++wrong;
+      }
+    }
+  }
+  return wrong;
+}
+
+TEST(BF16Gemm, RaggedShapesAllTransposesMatchRoundedFloat64) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(7);
+  int cases = 0, wrong = 0;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const int64_t m : {1, 7, 8, 15, 17, 33}) {
+        for (const int64_t n : {1, 15, 16, 17, 33, 64}) {
+          for (const int64_t k : {1, 2, 15, 17, 33, 64}) {
+            const int64_t pad = (m + n + k) % 3 == 0 ? 0 : 5;
+            wrong += run_case({trans_a, trans_b, m, n, k, 1.0f, 0.0f, pad}, true, rng);
+            wrong += run_case({trans_a, trans_b, m, n, k, 0.75f, -1.5f, pad + 3}, true, rng);
+            cases += 2;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
+}
+
+TEST(BF16Gemm, AttentionBlockShapesMatchRoundedFloat64) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(11);
+  // The blocked attention kernel's products: Q·Kᵀ, P·V, Pᵀ·dO, dSᵀ·Q, dS·K, and a ragged tail.
+  EXPECT_EQ(run_case({false, true, 256, 512, 64, 0.125f, 0.0f, 0}, true, rng), 0);
+  EXPECT_EQ(run_case({false, false, 256, 64, 512, 1.0f, 1.0f, 0}, true, rng), 0);
+  EXPECT_EQ(run_case({true, false, 128, 64, 64, 1.0f, 1.0f, 0}, true, rng), 0);
+  EXPECT_EQ(run_case({false, false, 64, 64, 128, 0.125f, 1.0f, 0}, true, rng), 0);
+  EXPECT_EQ(run_case({true, false, 44, 64, 300, 1.0f, 0.0f, 64}, true, rng), 0);
+  EXPECT_EQ(run_case({false, true, 300, 44, 63, 1.0f, 0.0f, 1}, true, rng), 0);
+}
+
+TEST(BF16Gemm, RoundsOperandsToNearestEven) {
+  SKIP_WITHOUT_BF16();
+  // bfloat16 keeps 8 significant bits: in [1, 2) its spacing is 2⁻⁷.
+  const float h = std::ldexp(1.0f, -8);  // half the spacing: a tie
+  const float cases[][2] = {
+      {1.0f + h, 1.0f},                                   // tie, even below
+      {1.0f + 3 * h, 1.0f + 4 * h},                       // tie, even above
+      {1.0f + h + std::ldexp(1.0f, -20), 1.0f + 2 * h},   // just above the tie
+      {-(1.0f + h), -1.0f},                               // sign kept
+      {1.0f + h - std::ldexp(1.0f, -20), 1.0f},           // just below the tie
+  };
+  for (const auto& [x, rounded] : cases) {
+    const float one = 1.0f;
+    float c = kNaN;
+    bf16_gemm(false, false, 1, 1, 1, 1.0f, &x, 1, &one, 1, 0.0f, &c, 1);  // A rounded
+    EXPECT_EQ(c, rounded) << x;
+    c = kNaN;
+    bf16_gemm(true, true, 1, 1, 1, 1.0f, &one, 1, &x, 1, 0.0f, &c, 1);  // B rounded
+    EXPECT_EQ(c, rounded) << x;
+  }
+}
+
+TEST(BF16Gemm, EmptyProductsFollowGemm) {
+  // k = 0: C = beta·C (cleared when beta = 0); m = 0 or n = 0: nothing written. These do not
+  // need AVX512-BF16.
+  std::vector<float> c = {kNaN, kNaN, 3.0f, -1.0f};
+  const float a = 1.0f, b = 1.0f;
+  bf16_gemm(false, false, 1, 2, 0, 1.0f, &a, 1, &b, 2, 0.0f, c.data(), 2);
+  EXPECT_EQ(c[0], 0.0f);
+  EXPECT_EQ(c[1], 0.0f);
+  bf16_gemm(false, false, 1, 2, 0, 1.0f, &a, 1, &b, 2, 2.0f, c.data() + 2, 2);
+  EXPECT_EQ(c[2], 6.0f);
+  EXPECT_EQ(c[3], -2.0f);
+  float untouched = kSentinel;
+  bf16_gemm(false, false, 0, 1, 4, 1.0f, &a, 4, &b, 1, 0.0f, &untouched, 1);
+  bf16_gemm(false, false, 1, 0, 4, 1.0f, &a, 4, &b, 1, 0.0f, &untouched, 1);
+  EXPECT_EQ(untouched, kSentinel);
+}
+
+TEST(BF16Gemm, WithoutAvx512Bf16IsTheFloatGemm) {
+  if (bf16_gemm_available()) {
+    GTEST_SKIP() << "this CPU has AVX512-BF16: the rounding tests above cover bf16_gemm";
+  }
+  std::mt19937 rng(3);
+  int wrong = 0;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      wrong += run_case({trans_a, trans_b, 33, 17, 15, 1.0f, 0.0f, 2}, false, rng);
+      wrong += run_case({trans_a, trans_b, 70, 130, 64, 0.5f, 2.0f, 0}, false, rng);
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+}  // namespace

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "cpu/f32_gemm.h"
 #include "cpu/isa.h"
 #include "cpu/vec_transpose.h"
 
@@ -140,6 +141,10 @@ ATTNLAB_ISA_CLONES void small_gemm(bool trans_a, bool trans_b, int64_t m, int64_
 }
 
 template <typename T>
+void blas_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
+
+template <typename T>
 void gemm_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
@@ -154,6 +159,13 @@ void gemm_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
     small_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
+  blas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// The Fortran BLAS call, for m, n, k > 0.
+template <typename T>
+void blas_call(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   // A row-major matrix is the column-major matrix of its transpose: compute Cᵀ = op(B)ᵀ·op(A)ᵀ.
   const char ta = trans_b ? 'T' : 'N', tb = trans_a ? 'T' : 'N';
   const int M = static_cast<int>(n), N = static_cast<int>(m), K = static_cast<int>(k);
@@ -166,6 +178,16 @@ void gemm_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
 }
 
 }  // namespace
+
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc) {
+  if (m == 0 || n == 0 || k == 0) {
+    gemm_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  blas_call(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

@@ -1,0 +1,199 @@
+#include "cpu/f32_gemm.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "cpu/blas.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATTNLAB_HAVE_F32_KERNEL 1
+#include <immintrin.h>
+
+#include "cpu/vec_transpose.h"
+#endif
+
+namespace attnlab::cpu {
+
+#ifdef ATTNLAB_HAVE_F32_KERNEL
+namespace {
+
+// Only these functions are compiled for AVX-512; f32_gemm calls them after the run-time check.
+#define ATTNLAB_F32 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define ATTNLAB_F32_INLINE ATTNLAB_F32 inline __attribute__((always_inline))
+
+// Register block: kRows rows of C by up to 3 vectors of 16 columns: 24 accumulators, 3 B
+// vectors and the broadcast A element (folded into the FMA as a memory operand) of the 32 zmm
+// registers.
+constexpr int kRows = 8;
+constexpr int64_t kL = 16;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The first n of 16 lanes (n clamped to [0, 16]).
+ATTNLAB_F32_INLINE __mmask16 first_lanes(int64_t n) {
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// B transposed (`width` rows of k contiguous floats): out[p·ldo + j] = x[j·ldx + p], zero for
+// width <= j < ldo (ldo a multiple of 16), by 16×16 in-register transposes.
+ATTNLAB_F32 void pack_transposed(const float* x, int64_t ldx, int64_t k, int64_t width,
+                                 float* out, int64_t ldo) {
+  for (int64_t j0 = 0; j0 < ldo; j0 += kL) {
+    for (int64_t p0 = 0; p0 < k; p0 += kL) {
+      const __mmask16 lanes = first_lanes(k - p0);
+      Vec<float> r[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        r[i] = j0 + i < width ? (Vec<float>)_mm512_maskz_loadu_ps(lanes, x + (j0 + i) * ldx + p0)
+                              : Vec<float>{};
+      }
+      transpose_block<float>(r);
+      const int64_t rows = std::min(kL, k - p0);
+      for (int64_t q = 0; q < rows; ++q) _mm512_storeu_ps(out + (p0 + q) * ldo + j0, (__m512)r[q]);
+    }
+  }
+}
+
+// B not transposed: out[p·ldo + j] = x[p·ldx + j], zero for width <= j < ldo.
+ATTNLAB_F32 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width, float* out,
+                           int64_t ldo) {
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t j0 = 0; j0 < ldo; j0 += kL) {
+      _mm512_storeu_ps(out + p * ldo + j0,
+                       _mm512_maskz_loadu_ps(first_lanes(width - j0), x + p * ldx + j0));
+    }
+  }
+}
+
+// One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
+// `last`). op(A)[r, p] is a[r·a_row + p·a_col]; the block's B row p starts at b + p·ldb.
+template <int Rows, int Vecs>
+ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
+                              const float* b, int64_t ldb, float alpha, float beta, float* c,
+                              int64_t ldc, __mmask16 last) {
+  __m512 acc[Rows][Vecs];
+  for (int r = 0; r < Rows; ++r) {
+    for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    __m512 bv[Vecs];
+    for (int v = 0; v < Vecs; ++v) bv[v] = _mm512_loadu_ps(b + p * ldb + kL * v);
+    const float* ap = a + p * a_col;
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * a_row]);
+      for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
+    }
+  }
+  const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
+  for (int r = 0; r < Rows; ++r) {
+    for (int v = 0; v < Vecs; ++v) {
+      const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
+      float* cr = c + r * ldc + kL * v;
+      __m512 out = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
+      if (beta != 0.0f) out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out);
+      _mm512_mask_storeu_ps(cr, lanes, out);
+    }
+  }
+}
+
+template <int Vecs>
+ATTNLAB_F32_INLINE void column_block(int64_t m, int64_t k, const float* a, int64_t a_row,
+                                     int64_t a_col, const float* b, int64_t ldb, float alpha,
+                                     float beta, float* c, int64_t ldc, __mmask16 last) {
+  int64_t i0 = 0;
+  for (; i0 + kRows <= m; i0 += kRows) {
+    block<kRows, Vecs>(k, a + i0 * a_row, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc,
+                       last);
+  }
+  const float* ai = a + i0 * a_row;
+  float* ci = c + i0 * ldc;
+  switch (m - i0) {  // the remaining rows in one block of their own size
+    case 7: block<7, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 6: block<6, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 5: block<5, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 4: block<4, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 3: block<3, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 2: block<2, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 1: block<1, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    default: break;
+  }
+}
+
+// Panels of Vecs·16 columns, the last (narrower) one by a block of 1..Vecs vectors.
+template <int Vecs>
+ATTNLAB_F32_INLINE void f32_gemm_panels(bool trans_a, bool trans_b, int64_t m, int64_t n,
+                                        int64_t k, float alpha, const float* a, int64_t lda,
+                                        const float* b, int64_t ldb, float beta, float* c,
+                                        int64_t ldc) {
+  thread_local std::vector<float> packed_b;  // per thread, grown as needed
+  constexpr int64_t kCols = Vecs * kL;
+  const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
+  const int64_t ldpb = round_up(n, kL);
+  if (static_cast<int64_t>(packed_b.size()) < k * ldpb) packed_b.resize(k * ldpb);
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    // Panel j0: its k rows of round_up(width, 16) columns, contiguous from j0·k.
+    const int64_t width = std::min(kCols, n - j0), ldo = round_up(width, kL);
+    float* panel = packed_b.data() + j0 * k;
+    if (trans_b) {
+      pack_transposed(b + j0 * ldb, ldb, k, width, panel, ldo);
+    } else {
+      pack_rows(b + j0, ldb, k, width, panel, ldo);
+    }
+    float* cj = c + j0;
+    if (width == kCols) {
+      column_block<Vecs>(m, k, a, a_row, a_col, panel, ldo, alpha, beta, cj, ldc,
+                         __mmask16(0xFFFF));
+    } else {
+      const __mmask16 last = first_lanes(width - (ldo - kL));
+      if (ldo == 3 * kL) {
+        column_block<3>(m, k, a, a_row, a_col, panel, ldo, alpha, beta, cj, ldc, last);
+      } else if (ldo == 2 * kL) {
+        column_block<2>(m, k, a, a_row, a_col, panel, ldo, alpha, beta, cj, ldc, last);
+      } else {
+        column_block<1>(m, k, a, a_row, a_col, panel, ldo, alpha, beta, cj, ldc, last);
+      }
+    }
+  }
+}
+
+ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float* a, int64_t lda, const float* b,
+                                 int64_t ldb, float beta, float* c, int64_t ldc) {
+  // 32-column panels where they divide n and 48 would leave a narrow tail (n = 64, 128);
+  // 48 otherwise (24 accumulators: fewer loads per FMA).
+  if (n % 32 == 0 && n % 48 != 0 && n <= 128) {
+    f32_gemm_panels<2>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    f32_gemm_panels<3>(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+}
+
+}  // namespace
+
+bool f32_gemm_available() {
+  static const bool available = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return available;
+}
+
+#else
+
+bool f32_gemm_available() { return false; }
+
+#endif
+
+void f32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) {
+#ifdef ATTNLAB_HAVE_F32_KERNEL
+  if (m > 0 && n > 0 && k > 0 && f32_gemm_available()) {
+    f32_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+#endif
+  blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace attnlab::cpu

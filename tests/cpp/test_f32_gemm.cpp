@@ -1,0 +1,180 @@
+// The float32 GEMM of attnlab's own (cpu/f32_gemm.h), and gemm's float path that routes to it,
+// against a float64 product written here: every transpose combination, ragged sizes around the
+// register block (8 rows) and panel widths (16, 32, 48 columns), alpha/beta (beta = 0 over NaN),
+// padded leading dimensions with C's padding left untouched.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cpu/blas.h"
+#include "cpu/f32_gemm.h"
+
+namespace {
+
+using attnlab::cpu::f32_gemm;
+using attnlab::cpu::f32_gemm_available;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kSentinel = -12345.0f;  // fills the padding beyond n in every row of C
+
+struct Case {
+  bool trans_a, trans_b;
+  int64_t m, n, k;
+  float alpha, beta;
+  int64_t pad;  // added to every leading dimension
+};
+
+using GemmFn = void (*)(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t,
+                        const float*, int64_t, float, float*, int64_t);
+
+void routed_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  attnlab::cpu::gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// Runs one case on random normal operands; returns the number of wrong elements (reported).
+int run_case(GemmFn fn, const Case& t, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  const int64_t lda = (t.trans_a ? t.m : t.k) + t.pad, ldb = (t.trans_b ? t.k : t.n) + t.pad;
+  const int64_t ldc = t.n + t.pad;
+  std::vector<float> a((t.trans_a ? t.k : t.m) * lda), b((t.trans_b ? t.n : t.k) * ldb);
+  for (float& x : a) x = normal(rng);
+  for (float& x : b) x = normal(rng);
+  std::vector<float> c0(t.m * ldc, kSentinel);
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < t.n; ++j) c0[i * ldc + j] = t.beta == 0.0f ? kNaN : normal(rng);
+  }
+  std::vector<float> c = c0;
+  fn(t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, a.data(), lda, b.data(), ldb, t.beta,
+     c.data(), ldc);
+  int wrong = 0;
+  for (int64_t i = 0; i < t.m; ++i) {
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float got = c[i * ldc + j];
+      if (j >= t.n) {  // beyond the product: untouched
+        if (got != kSentinel) ++wrong;
+        continue;
+      }
+      double sum = 0.0, magnitude = 0.0;
+      for (int64_t p = 0; p < t.k; ++p) {
+        const double x = t.trans_a ? a[p * lda + i] : a[i * lda + p];
+        const double y = t.trans_b ? b[j * ldb + p] : b[p * ldb + j];
+        sum += x * y;
+        magnitude += std::fabs(x * y);
+      }
+      const double old = t.beta == 0.0f ? 0.0 : static_cast<double>(c0[i * ldc + j]);
+      const double expected = t.alpha * sum + t.beta * old;
+      // float32 sums of k products: about one rounding (6e-8 relative) per term at worst.
+      const double scale = std::fabs(t.alpha) * magnitude + std::fabs(t.beta * old);
+      const double bound = 2e-7 * static_cast<double>(t.k + 2) * scale + 1e-30;
+      if (!(std::fabs(got - expected) <= bound)) {
+        if (wrong < 3) {
+          ADD_FAILURE() << "trans_a " << t.trans_a << " trans_b " << t.trans_b << " m " << t.m
+                        << " n " << t.n << " k " << t.k << " alpha " << t.alpha << " beta "
+                        << t.beta << " pad " << t.pad << " at (" << i << ", " << j
+                        << "): " << got << " vs " << expected;
+        }
+        ++wrong;
+      }
+    }
+  }
+  return wrong;
+}
+
+TEST(F32Gemm, RaggedShapesAllTransposesMatchFloat64) {
+  // Runs the AVX-512 kernel where the CPU has it, the BLAS fallback elsewhere: right either way.
+  std::mt19937 rng(7);
+  int cases = 0, wrong = 0;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const int64_t m : {1, 7, 8, 15, 17, 33, 100}) {
+        for (const int64_t n : {1, 7, 15, 17, 33, 48, 64, 100}) {
+          for (const int64_t k : {1, 7, 15, 17, 33, 100}) {
+            const int64_t pad = (m + n + k) % 3 == 0 ? 0 : 5;
+            wrong += run_case(f32_gemm, {trans_a, trans_b, m, n, k, 1.0f, 0.0f, pad}, rng);
+            wrong += run_case(f32_gemm, {trans_a, trans_b, m, n, k, 0.75f, -1.5f, pad + 3}, rng);
+            cases += 2;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
+}
+
+TEST(F32Gemm, AttentionAndEncoderShapesMatchFloat64) {
+  std::mt19937 rng(11);
+  // The blocked attention's products (Q·Kᵀ, P·V, Pᵀ·dO, dS·K) and the encoder layer's
+  // (X·Wᵀ, dYᵀ·X, dY·W), through f32_gemm and through gemm's routing.
+  const Case cases[] = {
+      {false, true, 64, 512, 64, 0.125f, 0.0f, 0}, {false, false, 64, 64, 512, 1.0f, 1.0f, 0},
+      {true, false, 128, 64, 64, 1.0f, 1.0f, 0},   {false, false, 64, 64, 128, 0.125f, 1.0f, 0},
+      {false, true, 320, 768, 256, 1.0f, 0.0f, 0}, {true, false, 256, 256, 320, 1.0f, 1.0f, 0},
+      {false, false, 320, 256, 512, 1.0f, 0.0f, 3}, {true, false, 44, 64, 300, 1.0f, 0.0f, 64},
+      {false, true, 300, 44, 63, 1.0f, 0.0f, 1},
+  };
+  for (const Case& t : cases) {
+    EXPECT_EQ(run_case(f32_gemm, t, rng), 0);
+    EXPECT_EQ(run_case(routed_gemm, t, rng), 0);
+  }
+}
+
+TEST(F32Gemm, GemmRoutingKeepsTheContractAroundItsThresholds) {
+  // Sizes on both sides of gemm's small-kernel and f32_gemm thresholds, beta = 0 over NaN.
+  std::mt19937 rng(5);
+  int wrong = 0;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const int64_t m : {63, 64, 65, 200}) {
+        for (const int64_t n : {31, 64, 65, 520}) {
+          wrong += run_case(routed_gemm, {trans_a, trans_b, m, n, 64, 1.0f, 0.0f, 2}, rng);
+          wrong += run_case(routed_gemm, {trans_a, trans_b, m, n, 65, 0.5f, 2.0f, 0}, rng);
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+}
+
+TEST(F32Gemm, EmptyProductsFollowGemm) {
+  // k = 0: C = beta·C (cleared when beta = 0); m = 0 or n = 0: nothing written.
+  std::vector<float> c = {kNaN, kNaN, 3.0f, -1.0f};
+  const float a = 1.0f, b = 1.0f;
+  f32_gemm(false, false, 1, 2, 0, 1.0f, &a, 1, &b, 2, 0.0f, c.data(), 2);
+  EXPECT_EQ(c[0], 0.0f);
+  EXPECT_EQ(c[1], 0.0f);
+  f32_gemm(false, false, 1, 2, 0, 1.0f, &a, 1, &b, 2, 2.0f, c.data() + 2, 2);
+  EXPECT_EQ(c[2], 6.0f);
+  EXPECT_EQ(c[3], -2.0f);
+  float untouched = kSentinel;
+  f32_gemm(false, false, 0, 1, 4, 1.0f, &a, 4, &b, 1, 0.0f, &untouched, 1);
+  f32_gemm(false, false, 1, 0, 4, 1.0f, &a, 4, &b, 1, 0.0f, &untouched, 1);
+  EXPECT_EQ(untouched, kSentinel);
+}
+
+TEST(F32Gemm, BetaZeroIgnoresInfAndNaNInC) {
+  // beta = 0 must not read C: 0·Inf and 0·NaN would otherwise poison the result.
+  const float a[2] = {1.0f, 2.0f}, b[2] = {3.0f, 4.0f};
+  float c[2] = {std::numeric_limits<float>::infinity(), kNaN};
+  f32_gemm(false, true, 1, 1, 2, 1.0f, a, 2, b, 2, 0.0f, c, 2);
+  EXPECT_EQ(c[0], 11.0f);
+  EXPECT_TRUE(std::isnan(c[1]));  // beyond n = 1: untouched
+}
+
+TEST(F32Gemm, ReportsWhetherTheKernelRuns) {
+  // On x86-64 with AVX-512 F/BW/VL/DQ the kernel must be chosen; elsewhere the BLAS fallback.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __builtin_cpu_init();
+  const bool expected = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+#else
+  const bool expected = false;
+#endif
+  EXPECT_EQ(f32_gemm_available(), expected);
+}
+
+}  // namespace

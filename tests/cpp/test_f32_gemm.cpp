@@ -137,6 +137,11 @@ TEST(F32Gemm, GemmRoutingKeepsTheContractAroundItsThresholds) {
       }
     }
   }
+  // Either side of the longest sum gemm gives f32_gemm (4096; longer ones go to BLAS).
+  for (const int64_t k : {4096, 4097}) {
+    wrong += run_case(routed_gemm, {true, false, 9, 37, k, 1.0f, 0.0f, 1}, rng);
+    wrong += run_case(routed_gemm, {false, true, 17, 5, k, -1.0f, 0.5f, 0}, rng);
+  }
   EXPECT_EQ(wrong, 0);
 }
 

@@ -22,7 +22,7 @@ namespace {
 #define ATTNLAB_F32_INLINE ATTNLAB_F32 inline __attribute__((always_inline))
 
 // Register block: kRows rows of C by kVecs vectors of 16 columns: 16 accumulators, 2 B vectors
-// and the broadcast A element (a memory operand of the FMA). Measured on an AMD EPYC (Zen 4)
+// and the broadcast A element of the 32 zmm registers. Measured on an AMD EPYC (Zen 4)
 // core at the attention's and the encoder's shapes, 8×2 beat 8×3 (48-column panels: 0–5 %
 // slower, the larger loss at n = 512 and 128 for their narrow tails) and 12×2 (2–10 % slower):
 // Zen 4 issues one 512-bit FMA per cycle, so 16 independent accumulators already hide its

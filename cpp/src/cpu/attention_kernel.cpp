@@ -31,11 +31,13 @@ int64_t forward_query_block(int64_t len_q) {
 
 // With weights, a query block's scores are a [rows, L_k] slice of the weights tensor that the
 // softmax and then P·V read again: rows are chosen so that the slice stays within about
-// 256 KiB (in L2), down to 16 rows.
+// 512 KiB (half of a 1 MiB L2), down to 16 rows. Each block's GEMMs pack K and V anew, so fewer
+// rows pack them more often: at (2, 8, 2048, 64) on 2 Zen 4 threads, 32-row blocks (256 KiB)
+// made need_weights cost 1.27× the forward without weights, 64-row blocks 1.18×.
 template <typename T>
 int64_t weights_query_block(int64_t len_q, int64_t len_k) {
   int64_t rows = forward_query_block(len_q);
-  while (rows > 16 && rows * len_k * static_cast<int64_t>(sizeof(T)) > (int64_t(256) << 10)) {
+  while (rows > 16 && rows * len_k * static_cast<int64_t>(sizeof(T)) > (int64_t(512) << 10)) {
     rows /= 2;
   }
   return rows;

@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "gemm_contract.h"
+
 #include "cpu/blas.h"
 #include "cpu/f32_gemm.h"
 
@@ -147,18 +149,7 @@ TEST(F32Gemm, GemmRoutingKeepsTheContractAroundItsThresholds) {
 
 TEST(F32Gemm, EmptyProductsFollowGemm) {
   // k = 0: C = beta·C (cleared when beta = 0); m = 0 or n = 0: nothing written.
-  std::vector<float> c = {kNaN, kNaN, 3.0f, -1.0f};
-  const float a = 1.0f, b = 1.0f;
-  f32_gemm(false, false, 1, 2, 0, 1.0f, &a, 1, &b, 2, 0.0f, c.data(), 2);
-  EXPECT_EQ(c[0], 0.0f);
-  EXPECT_EQ(c[1], 0.0f);
-  f32_gemm(false, false, 1, 2, 0, 1.0f, &a, 1, &b, 2, 2.0f, c.data() + 2, 2);
-  EXPECT_EQ(c[2], 6.0f);
-  EXPECT_EQ(c[3], -2.0f);
-  float untouched = kSentinel;
-  f32_gemm(false, false, 0, 1, 4, 1.0f, &a, 4, &b, 1, 0.0f, &untouched, 1);
-  f32_gemm(false, false, 1, 0, 4, 1.0f, &a, 4, &b, 1, 0.0f, &untouched, 1);
-  EXPECT_EQ(untouched, kSentinel);
+  attnlab_test::expect_empty_products_follow_gemm(f32_gemm);
 }
 
 TEST(F32Gemm, BetaZeroIgnoresInfAndNaNInC) {

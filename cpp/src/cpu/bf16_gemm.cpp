@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cpu/blas.h"
+#include "cpu/isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_HAVE_BF16_KERNEL 1
@@ -226,12 +227,7 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
 }  // namespace
 
 bool bf16_gemm_available() {
-  static const bool available = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bf16");
-  }();
+  static const bool available = has_avx512_core() && __builtin_cpu_supports("avx512bf16");
   return available;
 }
 

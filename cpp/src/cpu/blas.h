@@ -17,6 +17,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
+// The BLAS call behind gemm (the Fortran sgemm_ that torch links), whatever the size: f32_gemm's
+// fallback, and the baseline it is measured against.
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc);
+
 // Within its scope this thread's BLAS calls run sequentially: the kernels call BLAS on small
 // blocks from inside at::parallel_for, where a threaded BLAS would only add fork/join overhead.
 class SequentialBlasScope {

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "cpu/blas.h"
+#include "cpu/isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_HAVE_F32_KERNEL 1
@@ -164,14 +165,7 @@ ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t 
 
 }  // namespace
 
-bool f32_gemm_available() {
-  static const bool available = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }();
-  return available;
-}
+bool f32_gemm_available() { return has_avx512_core(); }
 
 #else
 

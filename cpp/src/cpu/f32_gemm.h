@@ -13,16 +13,10 @@ bool f32_gemm_available();
 
 // C[m×n] = alpha·op(A)·op(B) + beta·C with the contract of gemm (row-major, leading dimensions
 // lda, ldb, ldc, op(X) = Xᵀ when trans_x, beta = 0 ignores C's previous contents, NaN
-// included). Where f32_gemm_available() is false, or for an empty product, it is the BLAS path
-// of gemm.
+// included). Where f32_gemm_available() is false, or for an empty product, it is blas_gemm
+// (cpu/blas.h).
 void f32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc);
-
-// The BLAS call behind gemm (the Fortran sgemm_ that torch links), whatever the size: f32_gemm's
-// fallback, and the baseline it is measured against.
-void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-               int64_t ldc);
 
 }  // namespace attnlab::cpu

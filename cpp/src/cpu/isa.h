@@ -32,4 +32,19 @@ template <typename T>
 constexpr int64_t kLanes = 64 / sizeof(T);
 static_assert(sizeof(Vec<float>) == 64 && sizeof(Vec<double>) == 64);
 
+// Whether this CPU has the AVX-512 subsets (F, BW, VL, DQ) that attnlab's own GEMM kernels are
+// compiled for, checked once.
+inline bool has_avx512_core() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool available = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
 }  // namespace attnlab::cpu

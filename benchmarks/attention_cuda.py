@@ -2,8 +2,10 @@
 
 Writes markdown tables (to stdout, and to --out FILE as each table completes):
 
-  1. bfloat16 and float16: TFLOP/s of attnlab and of torch's flash, efficient and cudnn
-     backends, each forced with torch.nn.attention.sdpa_kernel; forward and forward+backward.
+  1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style forward,
+     and the earlier WMMA forward, ATTNLAB_CUDA_FORWARD=wmma) and of torch's flash, efficient
+     and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
+     forward+backward.
      Target from L = 2048: attnlab ≥ 0.8 × flash forward, ≥ 0.6 × flash forward+backward.
   2. float32: attnlab against the efficient backend. Target from L = 2048: ≥ 1.0 ×.
   3. need_weights=True against plain matmul → softmax → matmul, and against attnlab without
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import math
+import os
 import statistics
 import sys
 import time
@@ -64,6 +67,15 @@ def flops(batch, heads, length, head_size, is_causal, backward):
 
 def attnlab_sdpa(q, k, v, is_causal):
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
+
+
+def attnlab_wmma_sdpa(q, k, v, is_causal):
+    """attnlab with the earlier WMMA tensor-core forward instead of the default one."""
+    os.environ["ATTNLAB_CUDA_FORWARD"] = "wmma"
+    try:
+        return attnlab_sdpa(q, k, v, is_causal)
+    finally:
+        del os.environ["ATTNLAB_CUDA_FORWARD"]
 
 
 def attnlab_with_weights(q, k, v, is_causal):
@@ -176,11 +188,12 @@ def shape_for(length, head_size):
     return TOKENS // length, WIDTH // head_size
 
 
-def measure_speed(dtype, backends, args, budget):
+def measure_speed(dtype, backends, args, budget, variants=()):
     """Records {dtype, batch, heads, length, head_size, causal, pass, times: {name: ms or
-    reason}} for attnlab and the named torch backends."""
-    names = ["attnlab", *backends]
-    fns = [attnlab_sdpa, *(torch_sdpa(TORCH_BACKENDS[name]) for name in backends)]
+    reason}} for attnlab, its other variants ((name, fn) pairs) and the named torch backends."""
+    names = ["attnlab", *(name for name, _ in variants), *backends]
+    fns = [attnlab_sdpa, *(fn for _, fn in variants),
+           *(torch_sdpa(TORCH_BACKENDS[name]) for name in backends)]
     records = []
     for head_size in args.head_sizes:
         for length in args.lengths:
@@ -333,7 +346,7 @@ def speed_rows(records, baseline, targets):
 def speed_header(records, baseline):
     names = list(records[0]["times"]) if records else ["attnlab", baseline]
     return ["dtype", "(B, H, L, D)", "causal", "pass",
-            *(name if name == "attnlab" else f"torch {name}" for name in names),
+            *(name if name.startswith("attnlab") else f"torch {name}" for name in names),
             f"attnlab / {baseline}", "target"]
 
 
@@ -528,7 +541,8 @@ def main(argv=None):
     emit("\n".join(environment_lines(default_backends(args.head_sizes))) + "\n")
     if "half" in args.tables:
         records = [r for dtype in (torch.bfloat16, torch.float16)
-                   for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget)]
+                   for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget,
+                                          [("attnlab wmma", attnlab_wmma_sdpa)])]
         emit(speed_section("bfloat16 and float16, TFLOP/s", records, "flash", HALF_TARGETS))
     if "float32" in args.tables:
         records = measure_speed(torch.float32, ["efficient"], args, budget)

@@ -61,17 +61,6 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int n) {
   return sum;
 }
 
-// Element offset of batch entry b in an operand with the given batch strides.
-__device__ __forceinline__ int64_t batch_offset(const BatchShape& shape, const int64_t* strides,
-                                                int64_t b) {
-  int64_t offset = 0;
-  for (int d = shape.dims - 1; d >= 0; --d) {
-    offset += (b % shape.sizes[d]) * strides[d];
-    b /= shape.sizes[d];
-  }
-  return offset;
-}
-
 // One batch entry of a MatrixOperand, read as float.
 template <typename T>
 struct MatrixView {

@@ -3,6 +3,8 @@
 // and head size, on torch's current stream. The autograd formulas in ops/ are shared.
 
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -50,6 +52,14 @@ bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, boo
   return true;
 }
 
+// The tensor-core forward is the FlashAttention-2-style kernel (sdpa_flash.cuh);
+// ATTNLAB_CUDA_FORWARD=wmma selects the earlier WMMA kernel instead (sdpa_tensor_core.cuh),
+// kept to compare the two on a GPU.
+bool wmma_forward_requested() {
+  const char* choice = std::getenv("ATTNLAB_CUDA_FORWARD");
+  return choice != nullptr && std::string_view(choice) == "wmma";
+}
+
 void check_head_sizes(const Tensor& query, const Tensor& value) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       query.size(-1) <= kMaxHeadSize && value.size(-1) <= kMaxHeadSize,
@@ -84,8 +94,12 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
       constexpr int kHead = decltype(family)::value;
       if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
         if (tensor_cores) {
-          return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                                    lse.data_ptr<float>(), stream);
+          if (wmma_forward_requested()) {
+            return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
+                                                      lse.data_ptr<float>(), stream);
+          }
+          return sdpa_forward_flash<T, kHead>(p, static_cast<T*>(output.data_ptr()),
+                                              lse.data_ptr<float>(), stream);
         }
       }
       sdpa_forward<T, kHead>(p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),

@@ -7,40 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include "cuda/sdpa_problem.h"
+
 namespace attnlab::cuda {
-
-// Batch dimensions the kernels index directly (size-1 dimensions are dropped first); the
-// operator layer flattens anything with more.
-constexpr int kMaxBatchDims = 6;
-
-// The batch shape that every operand is indexed by: batch entry b has the multi-index of b in
-// row-major order over `sizes`.
-struct BatchShape {
-  int dims = 0;
-  int64_t sizes[kMaxBatchDims] = {};
-};
-
-// One operand seen as a matrix per batch entry: element (b, row, col) is at
-// data[Σ_d index_d(b)·batch_stride[d] + row·row_stride + col·col_stride]. Broadcast
-// dimensions have stride 0.
-struct MatrixOperand {
-  const void* data = nullptr;
-  int64_t batch_stride[kMaxBatchDims] = {};
-  int64_t row_stride = 0, col_stride = 0;
-};
-
-struct SdpaProblem {
-  int64_t batch = 0, len_q = 0, len_k = 0;
-  int dim_qk = 0, dim_v = 0;
-  BatchShape shape;
-  MatrixOperand query, key, value;
-  // [len_q, len_k] per batch entry; data == nullptr for none. Boolean (true = may attend) or
-  // float32 (added to the scores).
-  MatrixOperand mask;
-  bool mask_is_bool = false;
-  bool causal = false;  // query i sees keys j <= i
-  float scale = 1;
-};
 
 // Outputs are contiguous at the flattened batch: output [batch, len_q, dim_v] (T),
 // logsumexp [batch, len_q] (float32), weights [batch, len_q, len_k] (T, may be null).
@@ -55,6 +24,11 @@ void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
 template <typename T, int kHead>
 void sdpa_forward_tensor_core(const SdpaProblem& p, T* output, float* logsumexp,
                               cudaStream_t stream);
+
+// The same conditions, on the FlashAttention-2-style kernel (mma.sync, ldmatrix, cp.async;
+// sm_80+): the default tensor-core forward.
+template <typename T, int kHead>
+void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, cudaStream_t stream);
 
 // Gradients at the flattened batch, contiguous, written (not accumulated): grad_query
 // [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk], grad_value [batch, len_k, dim_v];

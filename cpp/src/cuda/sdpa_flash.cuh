@@ -1,0 +1,310 @@
+#pragma once
+// Tensor-core forward of scaled dot-product attention in the manner of FlashAttention-2, for
+// float16 and bfloat16 at head size 64 or 128, without a mask or weights (causal allowed):
+// the common case of training and inference. Anything else goes to the generic kernels.
+//
+// A block of 4 warps owns 64 query rows, 16 per warp, and walks the keys in tiles of 64:
+//   - Q, K and V tiles are copied into shared memory asynchronously (cp.async), K and V into
+//     two buffers each, so that the next tile's copy overlaps this tile's arithmetic. Rows are
+//     stored with their 16-byte chunks permuted (chunk ^ row % 8): the 8 rows one ldmatrix
+//     reads then fall on 8 different groups of banks.
+//   - Each warp keeps its Q rows as mma fragments in registers (loaded once), computes its
+//     16 × 64 scores S = Q·Kᵀ with mma.sync (K fragments by ldmatrix), updates the running
+//     maxima and sums (in base 2: scores are scaled by scale·log2(e)), and multiplies P by V
+//     with P taken straight from the score registers (an m16n8 accumulator pair has the layout
+//     of an m16k16 operand) and V by ldmatrix.trans.
+//   - At the end the rows are divided by their sums, staged in shared memory and written with
+//     16-byte stores; the log-sum-exp (natural log) goes out in float32.
+// The grid runs the last query blocks first: under the causal mask they see the most keys.
+//
+// Written only in the functions of warp_primitives.cuh, so it also compiles as host C++ against
+// the emulator in tests/cpp/cuda_emulation, where CI tests it.
+//
+// Instantiate with ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead).
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/sdpa_problem.h"
+#include "cuda/warp_primitives.cuh"
+
+namespace attnlab::cuda::detail {
+
+template <int kHead>
+struct FlashTiles {
+  static_assert(kHead == 64 || kHead == 128, "flash forward: head size 64 or 128");
+  static constexpr int kWarps = 4;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kBlockM = 16 * kWarps;  // query rows per block
+  static constexpr int kBlockN = 64;           // keys per tile
+  static constexpr int kChunks = kHead / 8;    // 16-byte chunks per row of 16-bit values
+  static constexpr int kTileBytes = 64 * kHead * 2;  // Q, K and V tiles alike (64 rows)
+  static_assert(kBlockM == 64 && kBlockN == 64, "one tile size for Q, K and V");
+  // Q (reused to stage the output), then two K and two V buffers: 40 KiB at D = 64, 80 KiB at
+  // D = 128 (above the default 48 KiB: the launcher opts in).
+  static constexpr int kSharedBytes = 5 * kTileBytes;
+  static constexpr int kKSteps = kHead / 16;  // k-steps of Q·Kᵀ
+  static constexpr int kSTiles = kBlockN / 8;  // 8-column tiles of S
+  static constexpr int kOTiles = kHead / 8;    // 8-column tiles of the output
+  static constexpr int kLoadsPerThread = 64 * kChunks / kThreads;
+  static_assert(64 * kChunks % kThreads == 0);
+};
+
+constexpr float kFlashNegInf = -__builtin_huge_valf();
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a tile whose rows hold kHead 16-bit
+// values, with the chunks of row r permuted by XOR (r % 8).
+template <int kHead>
+ATTNLAB_DEVICE int swizzled(int row, int chunk) {
+  return row * (kHead * 2) + ((chunk ^ (row & 7)) << 4);
+}
+
+struct alignas(16) Chunk16 {
+  uint32_t words[4];
+};
+
+// Starts copying rows [row0, row0 + 64) of a [len, kHead] matrix (unit column stride, 16-byte
+// aligned rows) into a swizzled tile; rows at or past len become zeros. All threads call it.
+template <typename T, int kHead>
+ATTNLAB_DEVICE void copy_tile_async(unsigned char* tile, const T* base, int64_t row_stride,
+                                    int64_t row0, int64_t len) {
+  using Tiles = FlashTiles<kHead>;
+#pragma unroll
+  for (int i = 0; i < Tiles::kLoadsPerThread; ++i) {
+    const int idx = thread_index() + i * Tiles::kThreads;
+    const int r = idx / Tiles::kChunks, c = idx % Tiles::kChunks;
+    const bool valid = row0 + r < len;
+    const T* source = valid ? base + (row0 + r) * row_stride + c * 8 : base;
+    cp_async_16(tile + swizzled<kHead>(r, c), source, valid);
+  }
+}
+
+template <typename T, int kHead>
+ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
+sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  // mma.sync m16n8k16 and cp.async need sm_80; ops.cpp launches this kernel only there.
+  __trap();
+#else
+  using Tiles = FlashTiles<kHead>;
+  constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN;
+  ATTNLAB_DYNAMIC_SHARED(shared);
+  unsigned char* const q_tile = shared;
+  unsigned char* const k_tiles = shared + Tiles::kTileBytes;
+  unsigned char* const v_tiles = shared + 3 * Tiles::kTileBytes;
+
+  const int tid = thread_index(), warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
+  const int64_t q_blocks = (p.len_q + kBlockM - 1) / kBlockM;
+  const int64_t b = block_index() % p.batch;
+  const int64_t i0 = (q_blocks - 1 - block_index() / p.batch) * kBlockM;
+  const T* query =
+      static_cast<const T*>(p.query.data) + batch_offset(p.shape, p.query.batch_stride, b);
+  const T* key = static_cast<const T*>(p.key.data) + batch_offset(p.shape, p.key.batch_stride, b);
+  const T* value =
+      static_cast<const T*>(p.value.data) + batch_offset(p.shape, p.value.batch_stride, b);
+  const int64_t keys = p.causal && i0 + kBlockM < p.len_k ? i0 + kBlockM : p.len_k;
+  const int64_t n_tiles = (keys + kBlockN - 1) / kBlockN;
+
+  // Copy groups, in order: (Q, K_0), V_0, then per tile K_{j+1} and V_{j+1} (empty at the end).
+  copy_tile_async<T, kHead>(q_tile, query, p.query.row_stride, i0, p.len_q);
+  if (n_tiles > 0) copy_tile_async<T, kHead>(k_tiles, key, p.key.row_stride, 0, p.len_k);
+  cp_async_commit();
+  if (n_tiles > 0) copy_tile_async<T, kHead>(v_tiles, value, p.value.row_stride, 0, p.len_k);
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int64_t row_lo = i0 + warp * 16 + g, row_hi = row_lo + 8;  // this lane's two rows
+  float o[Tiles::kOTiles][4];
+#pragma unroll
+  for (int n = 0; n < Tiles::kOTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  }
+  // Per row (lo, hi): the running maximum of the scaled scores (all four lanes of the row
+  // agree) and this lane's share of the running sum (added across the four at the end).
+  float row_max[2] = {kFlashNegInf, kFlashNegInf}, row_sum[2] = {0.f, 0.f};
+  uint32_t qa[Tiles::kKSteps][4];
+
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    const int buffer = static_cast<int>(tile & 1);
+    const int64_t j0 = tile * kBlockN;
+    cp_async_wait<1>();  // this thread's K_tile (and Q) copies have landed
+    block_sync();        // everyone's have; everyone is done with the other buffers
+    if (tile == 0) {
+#pragma unroll
+      for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+        ldmatrix_x4(qa[ks], q_tile + swizzled<kHead>(warp * 16 + lane % 16, ks * 2 + lane / 16));
+      }
+    }
+    if (tile + 1 < n_tiles) {
+      copy_tile_async<T, kHead>(k_tiles + (buffer ^ 1) * Tiles::kTileBytes, key,
+                                p.key.row_stride, j0 + kBlockN, p.len_k);
+    }
+    cp_async_commit();
+
+    // S = Q·Kᵀ: 8 tiles of 16 × 8, two per ldmatrix of K.
+    const unsigned char* k_tile = k_tiles + buffer * Tiles::kTileBytes;
+    float s[Tiles::kSTiles][4];
+#pragma unroll
+    for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+#pragma unroll
+      for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile + swizzled<kHead>(np * 16 + lane % 8 + (lane / 16) * 8,
+                                                 ks * 2 + (lane / 8) % 2));
+        const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+        mma_m16n8k16<T>(s[2 * np], qa[ks], b0);
+        mma_m16n8k16<T>(s[2 * np + 1], qa[ks], b1);
+      }
+    }
+
+    // Scale (before masking: a negative scale must not turn −inf into +inf), then hide the
+    // keys past len_k and, under the causal mask, those after the row.
+#pragma unroll
+    for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+    }
+    if (j0 + kBlockN > p.len_k || (p.causal && j0 + kBlockN - 1 > i0)) {
+#pragma unroll
+      for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t j = j0 + n * 8 + 2 * t + (e & 1);
+          const int64_t i = e < 2 ? row_lo : row_hi;
+          if (j >= p.len_k || (p.causal && j > i)) s[n][e] = kFlashNegInf;
+        }
+      }
+    }
+
+    // Online softmax. fmaxf skips NaN, and exp2 of a NaN score keeps it NaN in the sums.
+    float shift[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = kFlashNegInf;
+#pragma unroll
+      for (int n = 0; n < Tiles::kSTiles; ++n) {
+        tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      }
+      tile_max = fmaxf(tile_max, shfl_xor(tile_max, 1));
+      tile_max = fmaxf(tile_max, shfl_xor(tile_max, 2));
+      const float new_max = fmaxf(row_max[h], tile_max);
+      // A row that has seen only hidden keys keeps max −inf; 0 then keeps exp2 quiet.
+      shift[h] = new_max == kFlashNegInf ? 0.f : new_max;
+      const float correction = fast_exp2(row_max[h] - shift[h]);
+      row_max[h] = new_max;
+      row_sum[h] *= correction;
+#pragma unroll
+      for (int n = 0; n < Tiles::kOTiles; ++n) {
+        o[n][2 * h] *= correction;
+        o[n][2 * h + 1] *= correction;
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[n][e] = fast_exp2(s[n][e] - shift[e / 2]);
+        row_sum[e / 2] += s[n][e];
+      }
+    }
+
+    cp_async_wait<1>();  // this thread's V_tile copies have landed (K_{tile+1} may not have)
+    block_sync();
+    if (tile + 1 < n_tiles) {
+      copy_tile_async<T, kHead>(v_tiles + (buffer ^ 1) * Tiles::kTileBytes, value,
+                                p.value.row_stride, j0 + kBlockN, p.len_k);
+    }
+    cp_async_commit();
+
+    // O += P·V: P's k-step kk is S tiles 2kk and 2kk + 1, rounded to T.
+    const unsigned char* v_tile = v_tiles + buffer * Tiles::kTileBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t pa[4] = {pack_rn<T>(s[2 * kk][0], s[2 * kk][1]),
+                              pack_rn<T>(s[2 * kk][2], s[2 * kk][3]),
+                              pack_rn<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_rn<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_tile + swizzled<kHead>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                                       np * 2 + lane / 16));
+        const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+        mma_m16n8k16<T>(o[2 * np], pa, b0);
+        mma_m16n8k16<T>(o[2 * np + 1], pa, b1);
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing is in flight past here (only empty groups remain)
+
+  // Rows' sums across their four lanes, then the normalised rows into the Q tile (no longer
+  // read: every warp took its fragments at tile 0, before a barrier) and out in 16-byte chunks.
+  float inv_sum[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += shfl_xor(row_sum[h], 1);
+    row_sum[h] += shfl_xor(row_sum[h], 2);
+    inv_sum[h] = row_sum[h] == 0.f ? 0.f : 1.f / row_sum[h];
+  }
+#pragma unroll
+  for (int n = 0; n < Tiles::kOTiles; ++n) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = warp * 16 + g + 8 * h, col = n * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(q_tile + swizzled<kHead>(r, col / 8) + (col % 8) * 2) =
+          pack_rn<T>(o[n][2 * h] * inv_sum[h], o[n][2 * h + 1] * inv_sum[h]);
+    }
+  }
+  if (t == 0) {
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = h == 0 ? row_lo : row_hi;
+      if (i < p.len_q) {
+        logsumexp[b * p.len_q + i] =
+            row_sum[h] == 0.f ? kFlashNegInf : row_max[h] * kLn2 + logf(row_sum[h]);
+      }
+    }
+  }
+  block_sync();
+#pragma unroll
+  for (int k = 0; k < Tiles::kLoadsPerThread; ++k) {
+    const int idx = tid + k * Tiles::kThreads;
+    const int r = idx / Tiles::kChunks, c = idx % Tiles::kChunks;
+    if (i0 + r < p.len_q) {
+      *reinterpret_cast<Chunk16*>(output + ((b * p.len_q + i0 + r) * kHead + c * 8)) =
+          *reinterpret_cast<const Chunk16*>(q_tile + swizzled<kHead>(r, c));
+    }
+  }
+#endif
+}
+
+}  // namespace attnlab::cuda::detail
+
+#if !defined(ATTNLAB_WARP_EMULATION)
+#include "cuda/device_common.cuh"
+
+namespace attnlab::cuda {
+
+template <typename T, int kHead>
+void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, cudaStream_t stream) {
+  using Tiles = detail::FlashTiles<kHead>;
+  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead>,
+                 p.batch * detail::ceil_div(p.len_q, Tiles::kBlockM), Tiles::kThreads,
+                 Tiles::kSharedBytes, stream, p, output, logsumexp);
+}
+
+}  // namespace attnlab::cuda
+
+#define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                             \
+  namespace attnlab::cuda {                                                                  \
+  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, cudaStream_t);  \
+  }
+#endif

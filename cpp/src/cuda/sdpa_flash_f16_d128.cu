@@ -1,0 +1,4 @@
+// FlashAttention-2-style tensor-core SDPA forward for __half, head size 128.
+#include "cuda/sdpa_flash.cuh"
+
+ATTNLAB_INSTANTIATE_SDPA_FLASH(__half, 128)

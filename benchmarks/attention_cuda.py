@@ -2,9 +2,9 @@
 
 Writes markdown tables (to stdout, and to --out FILE as each table completes):
 
-  1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style forward,
-     and the earlier WMMA forward, ATTNLAB_CUDA_FORWARD=wmma) and of torch's flash, efficient
-     and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
+  1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style kernels,
+     and its earlier WMMA forward and generic backward, ATTNLAB_CUDA_FLASH=0) and of torch's
+     flash, efficient and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
      forward+backward.
      Target from L = 2048: attnlab ≥ 0.8 × flash forward, ≥ 0.6 × flash forward+backward.
   2. float32: attnlab against the efficient backend. Target from L = 2048: ≥ 1.0 ×.
@@ -66,16 +66,17 @@ def flops(batch, heads, length, head_size, is_causal, backward):
 
 
 def attnlab_sdpa(q, k, v, is_causal):
+    os.environ.pop("ATTNLAB_CUDA_FLASH", None)  # the default kernels (see attnlab_without_flash)
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
-def attnlab_wmma_sdpa(q, k, v, is_causal):
-    """attnlab with the earlier WMMA tensor-core forward instead of the default one."""
-    os.environ["ATTNLAB_CUDA_FORWARD"] = "wmma"
-    try:
-        return attnlab_sdpa(q, k, v, is_causal)
-    finally:
-        del os.environ["ATTNLAB_CUDA_FORWARD"]
+def attnlab_without_flash(q, k, v, is_causal):
+    """attnlab with its earlier kernels (WMMA forward, generic backward) instead of the
+    FlashAttention-2-style ones: ATTNLAB_CUDA_FLASH=0, read at every call (forward and
+    backward; the backward runs inside autograd.grad after this returns, so the variable stays
+    set until attnlab_sdpa removes it)."""
+    os.environ["ATTNLAB_CUDA_FLASH"] = "0"
+    return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
 def attnlab_with_weights(q, k, v, is_causal):
@@ -542,7 +543,7 @@ def main(argv=None):
     if "half" in args.tables:
         records = [r for dtype in (torch.bfloat16, torch.float16)
                    for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget,
-                                          [("attnlab wmma", attnlab_wmma_sdpa)])]
+                                          [("attnlab before flash", attnlab_without_flash)])]
         emit(speed_section("bfloat16 and float16, TFLOP/s", records, "flash", HALF_TARGETS))
     if "float32" in args.tables:
         records = measure_speed(torch.float32, ["efficient"], args, budget)

@@ -90,6 +90,24 @@ __device__ void load_tile(float* tile, int ld, int rows, int width, const Matrix
   }
 }
 
+// delta_i = Σ_c dO_ic·O_ic, one warp per query row (8 rows per block of 256 threads): the
+// backward's row term, for the generic and the flash backward alike.
+template <typename T>
+__global__ void softmax_delta_kernel(SdpaProblem p, MatrixOperand grad_output, const T* output,
+                                     float* delta) {
+  constexpr int kWarps = 8;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= p.batch * p.len_q) return;
+  const int64_t b = row / p.len_q, i = row % p.len_q;
+  const MatrixView<T> dout(grad_output, p.shape, b);
+  const T* out = output + row * p.dim_v;
+  float sum = 0.f;
+  for (int c = lane; c < p.dim_v; c += 32) sum = fmaf(dout.at(i, c), to_float(out[c]), sum);
+  sum = warp_sum(sum);
+  if (lane == 0) delta[row] = sum;
+}
+
 // Launches kernel<<<blocks, threads, smem_bytes, stream>>>, checking the launch. Nothing is
 // launched for an empty problem.
 template <typename... Params, typename... Args>

@@ -28,6 +28,27 @@ namespace {
 using at::Tensor;
 using attnlab::with_tail;
 
+// The tensor-core kernels are the FlashAttention-2-style ones (sdpa_flash.cuh);
+// ATTNLAB_CUDA_FLASH=0 selects the earlier ones instead (the WMMA forward of
+// sdpa_tensor_core.cuh and the generic backward), kept to compare the two on a GPU.
+bool flash_kernels_enabled() {
+  const char* choice = std::getenv("ATTNLAB_CUDA_FLASH");
+  return choice == nullptr || std::string_view(choice) != "0";
+}
+
+// grad_output read by the flash backward: unit column stride, 16-byte-aligned rows.
+bool aligned_rows(const MatrixOperand& op, int dims) {
+  constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
+  if (op.col_stride != 1 || op.row_stride % kVector != 0 ||
+      reinterpret_cast<uintptr_t>(op.data) % 16 != 0) {
+    return false;
+  }
+  for (int d = 0; d < dims; ++d) {
+    if (op.batch_stride[d] % kVector != 0) return false;
+  }
+  return true;
+}
+
 // The tensor-core forward's conditions (see sdpa_kernels.h); anything else takes the generic
 // kernels.
 bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
@@ -39,25 +60,10 @@ bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, boo
                                         c10::cuda::current_device()));
   if (major < 8) return false;
   if (p.dim_qk != p.dim_v || (p.dim_qk != 64 && p.dim_qk != 128)) return false;
-  constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
   for (const MatrixOperand* op : {&p.query, &p.key, &p.value}) {
-    if (op->col_stride != 1 || op->row_stride % kVector != 0 ||
-        reinterpret_cast<uintptr_t>(op->data) % 16 != 0) {
-      return false;
-    }
-    for (int d = 0; d < p.shape.dims; ++d) {
-      if (op->batch_stride[d] % kVector != 0) return false;
-    }
+    if (!aligned_rows(*op, p.shape.dims)) return false;
   }
   return true;
-}
-
-// The tensor-core forward is the FlashAttention-2-style kernel (sdpa_flash.cuh);
-// ATTNLAB_CUDA_FORWARD=wmma selects the earlier WMMA kernel instead (sdpa_tensor_core.cuh),
-// kept to compare the two on a GPU.
-bool wmma_forward_requested() {
-  const char* choice = std::getenv("ATTNLAB_CUDA_FORWARD");
-  return choice != nullptr && std::string_view(choice) == "wmma";
 }
 
 void check_head_sizes(const Tensor& query, const Tensor& value) {
@@ -94,12 +100,12 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
       constexpr int kHead = decltype(family)::value;
       if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
         if (tensor_cores) {
-          if (wmma_forward_requested()) {
-            return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                                      lse.data_ptr<float>(), stream);
+          if (flash_kernels_enabled()) {
+            return sdpa_forward_flash<T, kHead>(p, static_cast<T*>(output.data_ptr()),
+                                                lse.data_ptr<float>(), stream);
           }
-          return sdpa_forward_flash<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                              lse.data_ptr<float>(), stream);
+          return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
+                                                    lse.data_ptr<float>(), stream);
         }
       }
       sdpa_forward<T, kHead>(p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
@@ -151,9 +157,24 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
   const MatrixOperand dout = batch.operand(grad_output, len_q, dim_v);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool flash = !mask_grad && flash_kernels_enabled() &&
+                     tensor_core_forward_applies(p, query.scalar_type(), false) &&
+                     aligned_rows(dout, p.shape.dims);
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;
     with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
+      constexpr int kHead = decltype(family)::value;
+      if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
+        if (flash) {
+          // dQ is summed over the key blocks in float32, then rounded.
+          Tensor grad_q_accum = at::zeros({p.batch, len_q, dim_qk}, options.dtype(at::kFloat));
+          return sdpa_backward_flash<T, kHead>(
+              p, dout, static_cast<const T*>(out.const_data_ptr()), lse.const_data_ptr<float>(),
+              delta.data_ptr<float>(), grad_q_accum.data_ptr<float>(),
+              static_cast<T*>(grad_q.data_ptr()), static_cast<T*>(grad_k.data_ptr()),
+              static_cast<T*>(grad_v.data_ptr()), stream);
+        }
+      }
       sdpa_backward<T, decltype(family)::value>(
           p, dout, static_cast<const T*>(out.const_data_ptr()), lse.const_data_ptr<float>(),
           delta.data_ptr<float>(), static_cast<T*>(grad_q.data_ptr()),

@@ -1,7 +1,8 @@
 #pragma once
-// Tensor-core forward of scaled dot-product attention in the manner of FlashAttention-2, for
-// float16 and bfloat16 at head size 64 or 128, without a mask or weights (causal allowed):
-// the common case of training and inference. Anything else goes to the generic kernels.
+// Tensor-core forward and backward of scaled dot-product attention in the manner of
+// FlashAttention-2, for float16 and bfloat16 at head size 64 or 128, without a mask or weights
+// (causal allowed): the common case of training and inference. Anything else goes to the
+// generic kernels. The forward is described here, the backward further down.
 //
 // A block of 4 warps owns 64 query rows, 16 per warp, and walks the keys in tiles of 64:
 //   - Q, K and V tiles are copied into shared memory asynchronously (cp.async), K and V into
@@ -286,6 +287,267 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
 #endif
 }
 
+
+// ---- backward -------------------------------------------------------------------------------
+//
+// One block per (batch entry, 64 keys), 4 warps of 16 keys each, walking the query tiles that
+// can see its keys (under the causal mask, those from the key block's first key on). Per tile
+// of 64 queries, each warp computes, with its keys as rows (transposed, so that its gradients
+// stay in registers):
+//   Sᵀ = K·Qᵀ,  Pᵀ = exp(scale·Sᵀ − lse) (0 where hidden),  dV += Pᵀ·dO,
+//   dPᵀ = V·dOᵀ,  dSᵀ = Pᵀ ⊙ (dPᵀ − delta),  dK += dSᵀ·Q,
+// then writes dSᵀ to shared memory, and after a barrier each warp takes 16 of the queries:
+// dQ += dS·K, added to a float32 accumulator in global memory (other key blocks add theirs),
+// which a last kernel scales and rounds into grad_query. Q and dO tiles are double-buffered;
+// K and V are copied once. delta_i = Σ dO_i·O_i comes precomputed.
+
+template <int kHead>
+struct FlashBackwardTiles {
+  using Tiles = FlashTiles<kHead>;
+  // K, V, then two (Q, dO) pairs, then dSᵀ (64 × 64): 52 KiB at D = 64, 100 KiB at D = 128.
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = Tiles::kTileBytes;
+  static constexpr int kQOffset = 2 * Tiles::kTileBytes;   // buffer i at + 2i·kTileBytes
+  static constexpr int kDoOffset = 3 * Tiles::kTileBytes;  // buffer i at + 2i·kTileBytes
+  static constexpr int kDsOffset = 6 * Tiles::kTileBytes;
+  static constexpr int kSharedBytes = kDsOffset + 64 * 64 * 2;
+};
+
+// Loads the A fragments (16 rows of a swizzled [64, kHead] tile from row0, k-step ks).
+template <int kHead>
+ATTNLAB_DEVICE void row_fragment(uint32_t (&a)[4], const unsigned char* tile, int row0, int ks,
+                                 int lane) {
+  ldmatrix_x4(a, tile + swizzled<kHead>(row0 + lane % 16, ks * 2 + lane / 16));
+}
+
+// acc[2np], acc[2np + 1] += A·Bᵀ where B's rows (16 of them from row0 = 16·np) are rows of a
+// swizzled [64, kHead] tile: the "K" operand of S = Q·Kᵀ.
+template <typename T, int kHead>
+ATTNLAB_DEVICE void mma_rows_transposed(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4],
+                                        const unsigned char* tile, int row0, int ks, int lane) {
+  uint32_t r[4];
+  ldmatrix_x4(r, tile + swizzled<kHead>(row0 + lane % 8 + (lane / 16) * 8, ks * 2 + (lane / 8) % 2));
+  const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+  mma_m16n8k16<T>(acc0, a, b0);
+  mma_m16n8k16<T>(acc1, a, b1);
+}
+
+// acc[2np], acc[2np + 1] += A·B where B (k = 16 rows from 16·kk, n = columns 16·np ..) is a
+// swizzled tile with kCols 16-bit columns: the "V" operand of O = P·V.
+template <typename T, int kCols>
+ATTNLAB_DEVICE void mma_rows(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4],
+                             const unsigned char* tile, int kk, int np, int lane) {
+  uint32_t r[4];
+  ldmatrix_x4_trans(r, tile + swizzled<kCols>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                              np * 2 + lane / 16));
+  const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
+  mma_m16n8k16<T>(acc0, a, b0);
+  mma_m16n8k16<T>(acc1, a, b1);
+}
+
+// The accumulators of two adjacent 16 × 8 tiles as the A operand of a k-step (rounded to T).
+template <typename T>
+ATTNLAB_DEVICE void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_rn<T>(lo[0], lo[1]);
+  a[1] = pack_rn<T>(lo[2], lo[3]);
+  a[2] = pack_rn<T>(hi[0], hi[1]);
+  a[3] = pack_rn<T>(hi[2], hi[3]);
+}
+
+template <typename T, int kHead>
+ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
+sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float* logsumexp,
+                           const float* delta, float* grad_query_accum, T* grad_key,
+                           T* grad_value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  using Tiles = FlashTiles<kHead>;
+  using Layout = FlashBackwardTiles<kHead>;
+  constexpr int kBlock = 64;
+  ATTNLAB_DYNAMIC_SHARED(shared);
+  unsigned char* const k_tile = shared + Layout::kKOffset;
+  unsigned char* const v_tile = shared + Layout::kVOffset;
+  unsigned char* const ds_tile = shared + Layout::kDsOffset;
+
+  const int tid = thread_index(), warp = tid / 32, lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t k_blocks = (p.len_k + kBlock - 1) / kBlock;
+  const int64_t b = block_index() / k_blocks;
+  const int64_t j0 = block_index() % k_blocks * kBlock;
+  const T* query =
+      static_cast<const T*>(p.query.data) + batch_offset(p.shape, p.query.batch_stride, b);
+  const T* key = static_cast<const T*>(p.key.data) + batch_offset(p.shape, p.key.batch_stride, b);
+  const T* value =
+      static_cast<const T*>(p.value.data) + batch_offset(p.shape, p.value.batch_stride, b);
+  const T* dout = static_cast<const T*>(grad_output.data) +
+                  batch_offset(p.shape, grad_output.batch_stride, b);
+  const float* lse = logsumexp + b * p.len_q;
+  const float* row_delta = delta + b * p.len_q;
+  const int64_t first_query = p.causal ? j0 / kBlock * kBlock : 0;
+  const int64_t n_tiles = p.len_q > first_query ? (p.len_q - first_query + kBlock - 1) / kBlock : 0;
+
+  copy_tile_async<T, kHead>(k_tile, key, p.key.row_stride, j0, p.len_k);
+  copy_tile_async<T, kHead>(v_tile, value, p.value.row_stride, j0, p.len_k);
+  if (n_tiles > 0) {
+    copy_tile_async<T, kHead>(shared + Layout::kQOffset, query, p.query.row_stride, first_query,
+                              p.len_q);
+    copy_tile_async<T, kHead>(shared + Layout::kDoOffset, dout, grad_output.row_stride,
+                              first_query, p.len_q);
+  }
+  cp_async_commit();
+
+  const float scale_log2 = p.scale * kLog2e;
+  const int64_t key_lo = j0 + warp * 16 + g, key_hi = key_lo + 8;  // this lane's two keys
+  float dk[Tiles::kOTiles][4], dv[Tiles::kOTiles][4];
+#pragma unroll
+  for (int n = 0; n < Tiles::kOTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.f;
+  }
+
+  for (int64_t tile = 0; tile < n_tiles; ++tile) {
+    const int buffer = static_cast<int>(tile & 1);
+    const int64_t i0 = first_query + tile * kBlock;
+    const unsigned char* q_tile = shared + Layout::kQOffset + buffer * 2 * Tiles::kTileBytes;
+    const unsigned char* do_tile = shared + Layout::kDoOffset + buffer * 2 * Tiles::kTileBytes;
+    cp_async_wait<0>();  // this thread's copies of this tile (and K, V) have landed
+    block_sync();        // everyone's have; everyone is done with the other buffers and dSᵀ
+    if (tile + 1 < n_tiles) {
+      const int other = (buffer ^ 1) * 2 * Tiles::kTileBytes;
+      copy_tile_async<T, kHead>(shared + Layout::kQOffset + other, query, p.query.row_stride,
+                                i0 + kBlock, p.len_q);
+      copy_tile_async<T, kHead>(shared + Layout::kDoOffset + other, dout,
+                                grad_output.row_stride, i0 + kBlock, p.len_q);
+    }
+    cp_async_commit();
+
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys and the tile's 64 queries.
+    float st[8][4], dpt[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+      uint32_t ka[4], va[4];
+      row_fragment<kHead>(ka, k_tile, warp * 16, ks, lane);
+      row_fragment<kHead>(va, v_tile, warp * 16, ks, lane);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        mma_rows_transposed<T, kHead>(st[2 * np], st[2 * np + 1], ka, q_tile, np * 16, ks, lane);
+        mma_rows_transposed<T, kHead>(dpt[2 * np], dpt[2 * np + 1], va, do_tile, np * 16, ks,
+                                      lane);
+      }
+    }
+
+    // Pᵀ (in st) and dSᵀ (in dpt), in float.
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t i = i0 + n * 8 + 2 * t + c;
+        const bool row_ok = i < p.len_q;
+        const float lse_log2 = row_ok ? lse[i] * kLog2e : 0.f;
+        const float d = row_ok ? row_delta[i] : 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t j = h == 0 ? key_lo : key_hi;
+          const bool visible = row_ok && j < p.len_k && !(p.causal && j > i);
+          const int e = 2 * h + c;
+          const float prob = visible ? fast_exp2(st[n][e] * scale_log2 - lse_log2) : 0.f;
+          st[n][e] = prob;
+          dpt[n][e] = prob * (dpt[n][e] - d);
+        }
+      }
+    }
+
+    // dV += Pᵀ·dO and dK += dSᵀ·Q (k = the tile's queries).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t pa[4], dsa[4];
+      accumulators_as_a<T>(pa, st[2 * kk], st[2 * kk + 1]);
+      accumulators_as_a<T>(dsa, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+      for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
+        mma_rows<T, kHead>(dv[2 * np], dv[2 * np + 1], pa, do_tile, kk, np, lane);
+        mma_rows<T, kHead>(dk[2 * np], dk[2 * np + 1], dsa, q_tile, kk, np, lane);
+      }
+    }
+
+    // dSᵀ (rounded to T) into shared memory: rows are keys, columns queries.
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = warp * 16 + g + 8 * h, col = n * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(ds_tile + swizzled<64>(r, col / 8) + (col % 8) * 2) =
+            pack_rn<T>(dpt[n][2 * h], dpt[n][2 * h + 1]);
+      }
+    }
+    block_sync();
+
+    // dQ (unscaled) for queries i0 + 16·warp .. + 15: dS·K, with dS read as dSᵀ transposed.
+    float dq[Tiles::kOTiles][4];
+#pragma unroll
+    for (int n = 0; n < Tiles::kOTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t dsa[4];
+      ldmatrix_x4_trans(dsa, ds_tile + swizzled<64>(kk * 16 + lane % 8 + (lane / 16) * 8,
+                                                    warp * 2 + (lane / 8) % 2));
+#pragma unroll
+      for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
+        mma_rows<T, kHead>(dq[2 * np], dq[2 * np + 1], dsa, k_tile, kk, np, lane);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t i = i0 + warp * 16 + g + 8 * h;
+      if (i >= p.len_q) continue;
+      float* row = grad_query_accum + (b * p.len_q + i) * kHead;
+#pragma unroll
+      for (int n = 0; n < Tiles::kOTiles; ++n) {
+        atomic_add(row + n * 8 + 2 * t, dq[n][2 * h]);
+        atomic_add(row + n * 8 + 2 * t + 1, dq[n][2 * h + 1]);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  // dK = scale·Σ dSᵀ·Q and dV, for this warp's keys, two values per store.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t j = h == 0 ? key_lo : key_hi;
+    if (j >= p.len_k) continue;
+    T* dk_row = grad_key + (b * p.len_k + j) * kHead;
+    T* dv_row = grad_value + (b * p.len_k + j) * kHead;
+#pragma unroll
+    for (int n = 0; n < Tiles::kOTiles; ++n) {
+      const int col = n * 8 + 2 * t;
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          pack_rn<T>(dk[n][2 * h] * p.scale, dk[n][2 * h + 1] * p.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = pack_rn<T>(dv[n][2 * h], dv[n][2 * h + 1]);
+    }
+  }
+#endif
+}
+
+// grad_query = T(scale · accumulator): one pair of elements per thread (count is even).
+template <typename T>
+ATTNLAB_KERNEL(256)
+flash_grad_query_kernel(const float* accum, float scale, int64_t count, T* grad_query) {
+  const int64_t idx = (block_index() * 256 + thread_index()) * 2;
+  if (idx < count) {
+    *reinterpret_cast<uint32_t*>(grad_query + idx) =
+        pack_rn<T>(accum[idx] * scale, accum[idx + 1] * scale);
+  }
+}
+
 }  // namespace attnlab::cuda::detail
 
 #if !defined(ATTNLAB_WARP_EMULATION)
@@ -301,10 +563,33 @@ void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, cudaS
                  Tiles::kSharedBytes, stream, p, output, logsumexp);
 }
 
+template <typename T, int kHead>
+void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output, const T* output,
+                         const float* logsumexp, float* delta, float* grad_query_accum,
+                         T* grad_query, T* grad_key, T* grad_value, cudaStream_t stream) {
+  using Tiles = detail::FlashTiles<kHead>;
+  constexpr int kDeltaRowsPerBlock = 8;
+  detail::launch(detail::softmax_delta_kernel<T>,
+                 detail::ceil_div(p.batch * p.len_q, kDeltaRowsPerBlock), kDeltaRowsPerBlock * 32,
+                 0, stream, p, grad_output, output, delta);
+  detail::launch(detail::sdpa_flash_backward_kernel<T, kHead>,
+                 p.batch * detail::ceil_div(p.len_k, Tiles::kBlockN), Tiles::kThreads,
+                 detail::FlashBackwardTiles<kHead>::kSharedBytes, stream, p, grad_output,
+                 logsumexp, static_cast<const float*>(delta), grad_query_accum, grad_key,
+                 grad_value);
+  const int64_t count = p.batch * p.len_q * kHead;
+  detail::launch(detail::flash_grad_query_kernel<T>, detail::ceil_div(count / 2, 256), 256, 0,
+                 stream, static_cast<const float*>(grad_query_accum), p.scale, count,
+                 grad_query);
+}
+
 }  // namespace attnlab::cuda
 
-#define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                             \
-  namespace attnlab::cuda {                                                                  \
-  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, cudaStream_t);  \
+#define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                               \
+  namespace attnlab::cuda {                                                                    \
+  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, cudaStream_t);    \
+  template void sdpa_backward_flash<T, kHead>(const SdpaProblem&, const MatrixOperand&,        \
+                                              const T*, const float*, float*, float*, T*, T*,  \
+                                              T*, cudaStream_t);                               \
   }
 #endif

@@ -199,23 +199,6 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
   }
 }
 
-// delta_i = Σ_c dO_ic·O_ic, one warp per query row.
-template <typename T>
-__global__ void softmax_delta_kernel(SdpaProblem p, MatrixOperand grad_output, const T* output,
-                                     float* delta) {
-  constexpr int kWarps = 8;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= p.batch * p.len_q) return;
-  const int64_t b = row / p.len_q, i = row % p.len_q;
-  const MatrixView<T> dout(grad_output, p.shape, b);
-  const T* out = output + row * p.dim_v;
-  float sum = 0.f;
-  for (int c = lane; c < p.dim_v; c += 32) sum = fmaf(dout.at(i, c), to_float(out[c]), sum);
-  sum = warp_sum(sum);
-  if (lane == 0) delta[row] = sum;
-}
-
 // dQ_i = scale·Σ_j dS_ij·K_j with dS = P ⊙ (dP − delta), dP = dO·Vᵀ; one block per query
 // block, looping over key tiles as the forward does. Also writes dS into grad_mask.
 template <typename T, int kHead>

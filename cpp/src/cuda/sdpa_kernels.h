@@ -30,6 +30,14 @@ void sdpa_forward_tensor_core(const SdpaProblem& p, T* output, float* logsumexp,
 template <typename T, int kHead>
 void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, cudaStream_t stream);
 
+// The backward on tensor cores under the same conditions (grad_output too: unit column stride,
+// 16-byte-aligned rows); outputs as sdpa_backward's, without grad_mask. grad_query_accum is
+// float32 scratch of [batch, len_q, kHead], zero on entry.
+template <typename T, int kHead>
+void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output, const T* output,
+                         const float* logsumexp, float* delta, float* grad_query_accum,
+                         T* grad_query, T* grad_key, T* grad_value, cudaStream_t stream);
+
 // Gradients at the flattened batch, contiguous, written (not accumulated): grad_query
 // [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk], grad_value [batch, len_k, dim_v];
 // grad_mask (float32 [batch, len_q, len_k], may be null) receives the scores' gradient.

@@ -1,8 +1,8 @@
 #pragma once
 // The warp-level instructions the tensor-core attention kernels (sdpa_flash.cuh) are written
 // in, each behind a small function: tensor-core products (mma.sync), matrix loads from shared
-// memory (ldmatrix), asynchronous copies into shared memory (cp.async), lane exchanges and the
-// block barrier.
+// memory (ldmatrix), asynchronous copies into shared memory (cp.async), lane exchanges, atomic
+// float additions and the block barrier.
 //
 // The kernels use nothing else that only a GPU has, so they also compile as host C++ against
 // an emulator (tests/cpp/cuda_emulation), which defines ATTNLAB_WARP_EMULATION and these same
@@ -111,6 +111,9 @@ ATTNLAB_DEVICE void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_address)
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(shared_address(row_address)));
 }
+
+// *address += value, atomically (atomicAdd).
+ATTNLAB_DEVICE void atomic_add(float* address, float value) { atomicAdd(address, value); }
 
 // Starts copying 16 bytes from global to shared memory (both 16-byte aligned); with valid ==
 // false, writes 16 zero bytes and reads nothing. The copy lands at the latest when this

@@ -209,8 +209,10 @@ void switch_away(Launch& L, int i) {
       std::string states;
       for (int j = 0; j < L.threads; ++j) {
         const EmulatedThread& t = *L.t[j];
-        states += " " + std::to_string(j) + ":" +
-                  (t.state == State::kDone ? "returned" : op_name(t.op));
+        char entry[64];
+        std::snprintf(entry, sizeof entry, " %d:%s", j,
+                      t.state == State::kDone ? "returned" : op_name(t.op));
+        states.append(entry);
       }
       fail("deadlock in block %lld: no thread can run (thread:state)%s",
            static_cast<long long>(L.block), states.c_str());

@@ -50,6 +50,9 @@
 #include <functional>
 #include <utility>
 
+#if defined(ATTNLAB_DEVICE) && !defined(ATTNLAB_WARP_EMULATION)
+#error "include cuda_emulation/warp_emulator.h before cuda/warp_primitives.cuh (and the kernels)"
+#endif
 #define ATTNLAB_WARP_EMULATION 1
 
 // Device helper functions of a kernel: ordinary inline host functions here.

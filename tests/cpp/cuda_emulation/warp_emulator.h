@@ -48,6 +48,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 #include <utility>
 
 #if defined(ATTNLAB_DEVICE) && !defined(ATTNLAB_WARP_EMULATION)
@@ -75,12 +76,15 @@ struct half {
   half() = default;
   explicit half(float x) : bits(from_float(x)) {}
   explicit operator float() const { return to_float(bits); }
+  // The value with these 16 bits.
   static half from_bits(uint16_t b) {
     half h;
     h.bits = b;
     return h;
   }
+  // The bits of x rounded to this type (to nearest even).
   static uint16_t from_float(float x);
+  // The value of these bits, exactly, as a float.
   static float to_float(uint16_t b);
 };
 
@@ -92,16 +96,22 @@ struct bfloat16 {
   bfloat16() = default;
   explicit bfloat16(float x) : bits(from_float(x)) {}
   explicit operator float() const { return to_float(bits); }
+  // The value with these 16 bits.
   static bfloat16 from_bits(uint16_t b) {
     bfloat16 h;
     h.bits = b;
     return h;
   }
+  // The bits of x rounded to this type (to nearest even).
   static uint16_t from_float(float x);
+  // The value of these bits, exactly, as a float.
   static float to_float(uint16_t b);
 };
 
+// Same size and bits as __half / __nv_bfloat16 / c10::Half / c10::BFloat16: buffers of those
+// can be reinterpreted as these.
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
+static_assert(std::is_trivially_copyable_v<half> && std::is_trivially_copyable_v<bfloat16>);
 
 // Runs `body` once per emulated thread of each of `blocks` blocks of `threads_per_block`
 // threads (a multiple of 32, at most 1024), blocks in order 0, 1, ...; inside it,
@@ -114,8 +124,8 @@ void launch_function(int64_t blocks, int threads_per_block, size_t shared_bytes,
 
 template <typename F>
 void launch(int64_t blocks, int threads_per_block, size_t shared_bytes, F&& body) {
-  launch_function(blocks, threads_per_block, shared_bytes,
-                  std::function<void()>(std::forward<F>(body)));
+  // body is called in place (never copied): move-only callables work too.
+  launch_function(blocks, threads_per_block, shared_bytes, [&body] { body(); });
 }
 
 // The running block's shared buffer (aborts outside a launch).

@@ -466,7 +466,7 @@ TEST(WarpEmulator, BlockSyncMakesEveryWriteBeforeItVisibleAfterIt) {
 }
 
 TEST(WarpEmulator, OneThreadRunsAtATimeInTheSameOrderEveryRun) {
-  auto run = [] {
+  auto run = [](emu::LaunchOptions options) {
     std::atomic<int> running{0};
     int most = 0;
     std::vector<int> order;
@@ -492,13 +492,18 @@ TEST(WarpEmulator, OneThreadRunsAtATimeInTheSameOrderEveryRun) {
         ++running;
       }
       --running;
-    });
+    }, options);
     EXPECT_EQ(most, 1);
     return order;
   };
-  const auto first = run();
+  const auto first = run({});
   EXPECT_EQ(first.size(), 2u * 64u * 3u);
-  EXPECT_EQ(first, run());
+  EXPECT_EQ(first, run({}));
+  const emu::LaunchOptions random{emu::Schedule::kRandom, 9};
+  const auto shuffled = run(random);
+  EXPECT_EQ(shuffled, run(random));
+  EXPECT_NE(shuffled, first);
+  EXPECT_EQ(run({emu::Schedule::kHighestFirst, 0})[0], 63);
   // Each thread runs alone until its first collective, in index order; the lane completing a
   // warp collective (the last to arrive) goes on, then the next thread in index order runs.
   for (int i = 0; i < 32; ++i) EXPECT_EQ(first[i], i);
@@ -661,6 +666,102 @@ TEST(WarpEmulator, CpAsyncInvalidZeroFillsWithoutReadingGlobal) {
   for (int i = 0; i < 32; ++i) {
     EXPECT_TRUE(before[i]) << i;
     EXPECT_TRUE(after[i]) << i;
+  }
+}
+
+// ---- a pipelined kernel under every schedule -----------------------------------------------
+
+// Four warps sum, over `kTiles` tiles of 64 × 16 float16 values, 16 × 16 blocks through
+// ldmatrix_x4 and mma (B = ones), each warp the block of rows that the *next* warp copied; the
+// tiles arrive by cp.async into two shared buffers (prefetching tile t + 1 while tile t is
+// summed). `bug` removes one step of the pipeline.
+enum class PipelineBug { kNone, kNoSyncAfterWait, kNoSyncBeforeOverwrite, kLastWaitKeepsOne };
+
+constexpr int kTiles = 4;
+
+std::vector<float> run_pipeline(const std::vector<Row16>& x, PipelineBug bug,
+                                emu::LaunchOptions options) {
+  std::vector<float> out(128 * 4, 0.0f);
+  emu::launch(
+      1, 128, 2 * 2048,
+      [&] {
+        ATTNLAB_DYNAMIC_SHARED(smem);
+        const int i = dev::thread_index(), warp = i / 32, lane = i % 32;
+        auto copy_tile = [&](int t) {  // thread i copies 16 bytes: row i / 2, half i % 2
+          dev::cp_async_16(smem + (t % 2) * 2048 + i * 16, &x[t * 128 + i], true);
+          dev::cp_async_commit();
+        };
+        const uint32_t ones[2] = {0x3c003c00u, 0x3c003c00u};
+        float d[4] = {0, 0, 0, 0};
+        copy_tile(0);
+        for (int t = 0; t < kTiles; ++t) {
+          if (t + 1 < kTiles) {
+            copy_tile(t + 1);
+            dev::cp_async_wait<1>();
+          } else if (bug == PipelineBug::kLastWaitKeepsOne) {
+            dev::cp_async_wait<1>();
+          } else {
+            dev::cp_async_wait<0>();
+          }
+          if (bug != PipelineBug::kNoSyncAfterWait) dev::block_sync();
+          const int rows = 16 * ((warp + 1) % 4);
+          uint32_t a[4];
+          dev::ldmatrix_x4(a, smem + (t % 2) * 2048 + (rows + lane % 16) * 32 + (lane / 16) * 16);
+          dev::mma_m16n8k16<half>(d, a, ones);
+          if (bug != PipelineBug::kNoSyncBeforeOverwrite) dev::block_sync();
+        }
+        for (int j = 0; j < 4; ++j) out[i * 4 + j] = d[j];
+      },
+      options);
+  return out;
+}
+
+bool any_nan(const std::vector<float>& v) {
+  for (float f : v)
+    if (std::isnan(f)) return true;
+  return false;
+}
+
+TEST(WarpEmulator, PipelinedKernelUnderEverySchedule) {
+  std::mt19937 rng(5);
+  std::vector<Row16> x(kTiles * 128);
+  for (auto& row : x)
+    for (auto& v : row.v) v = c10::Half(std::uniform_real_distribution<float>(-1, 1)(rng)).x;
+  // Reference: D[m][n] of warp w = Σ_t Σ_k tile_t[16 ((w + 1) % 4) + m][k], in float64.
+  std::vector<double> row_sums(64, 0.0);
+  for (int t = 0; t < kTiles; ++t)
+    for (int r = 0; r < 64; ++r)
+      for (int k = 0; k < 16; ++k)
+        row_sums[r] += Reference<half>::value(x[t * 128 + r * 2 + k / 8].v[k % 8]);
+
+  using S = emu::Schedule;
+  const std::vector<emu::LaunchOptions> schedules = {
+      {S::kRoundRobin, 0}, {S::kLowestFirst, 0}, {S::kHighestFirst, 0}, {S::kRandom, 1},
+      {S::kRandom, 2}};
+  for (const auto& options : schedules) {
+    SCOPED_TRACE(testing::Message() << "schedule " << static_cast<int>(options.schedule)
+                                    << " seed " << options.seed);
+    const auto out = run_pipeline(x, PipelineBug::kNone, options);
+    for (int i = 0; i < 128; ++i) {
+      const int w = i / 32, lane = i % 32;
+      for (int j = 0; j < 4; ++j) {
+        const int m = c_element(lane, j).row;
+        EXPECT_NEAR(out[i * 4 + j], row_sums[16 * ((w + 1) % 4) + m], 1e-5) << i << "," << j;
+      }
+    }
+    // The last group never waited for: its tile reads as the 0xFF fill, whatever the order.
+    EXPECT_TRUE(any_nan(run_pipeline(x, PipelineBug::kLastWaitKeepsOne, options)));
+  }
+  // No block_sync between a warp's wait and its reading rows that another warp copied.
+  for (S s : {S::kRoundRobin, S::kLowestFirst, S::kHighestFirst}) {
+    EXPECT_TRUE(any_nan(run_pipeline(x, PipelineBug::kNoSyncAfterWait, {s, 0})))
+        << static_cast<int>(s);
+  }
+  // No block_sync before the prefetch overwrites the buffer other warps still read: found when
+  // one warp runs ahead (round robin keeps warps within a collective of each other).
+  for (S s : {S::kLowestFirst, S::kHighestFirst}) {
+    EXPECT_TRUE(any_nan(run_pipeline(x, PipelineBug::kNoSyncBeforeOverwrite, {s, 0})))
+        << static_cast<int>(s);
   }
 }
 

@@ -10,6 +10,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <random>
 #include <semaphore>
 #include <stdexcept>
 #include <string>
@@ -164,6 +165,9 @@ struct Launch {
   std::vector<int> warp_done;
   int sync_waiting = 0;
   int done = 0;
+  LaunchOptions options;
+  std::mt19937_64 rng;
+  std::vector<int> candidates;
   bool finished = false;
   std::binary_semaphore all_blocks_done{0};
 };
@@ -193,17 +197,39 @@ void start_block(Launch& L) {
   L.done = 0;
 }
 
-// Thread i stops running (it waits or has returned): hand the baton to the next runnable thread
-// in index order, or start the next block, or end the launch; then wait for the baton.
-void switch_away(Launch& L, int i) {
-  int next = -1;
+// The runnable thread to run after thread i, as the schedule says; -1 if none.
+int pick_next(Launch& L, int i) {
+  const auto runnable = [&](int j) { return L.t[j]->state == State::kRunnable; };
+  switch (L.options.schedule) {
+    case Schedule::kLowestFirst:
+      for (int j = 0; j < L.threads; ++j)
+        if (runnable(j)) return j;
+      return -1;
+    case Schedule::kHighestFirst:
+      for (int j = L.threads - 1; j >= 0; --j)
+        if (runnable(j)) return j;
+      return -1;
+    case Schedule::kRandom: {
+      L.candidates.clear();
+      for (int j = 0; j < L.threads; ++j)
+        if (runnable(j)) L.candidates.push_back(j);
+      if (L.candidates.empty()) return -1;
+      return L.candidates[std::uniform_int_distribution<size_t>(0, L.candidates.size() - 1)(L.rng)];
+    }
+    case Schedule::kRoundRobin:
+      break;
+  }
   for (int k = 1; k <= L.threads; ++k) {
     const int j = (i + k) % L.threads;
-    if (L.t[j]->state == State::kRunnable) {
-      next = j;
-      break;
-    }
+    if (runnable(j)) return j;
   }
+  return -1;
+}
+
+// Thread i stops running (it waits or has returned): hand the baton to the next runnable thread
+// (as the schedule says), or start the next block, or end the launch; then wait for the baton.
+void switch_away(Launch& L, int i) {
+  int next = pick_next(L, i);
   if (next < 0) {
     if (L.done != L.threads) {
       std::string states;
@@ -220,7 +246,7 @@ void switch_away(Launch& L, int i) {
     if (L.block + 1 < L.blocks) {
       ++L.block;
       start_block(L);
-      next = 0;
+      next = pick_next(L, L.threads - 1);  // round robin: thread 0
     } else {
       L.finished = true;
       L.all_blocks_done.release();
@@ -448,7 +474,7 @@ void land(const Copy& copy) {
 // ---- public entry points -------------------------------------------------------------------
 
 void launch_function(int64_t blocks, int threads_per_block, size_t shared_bytes,
-                     const std::function<void()>& body) {
+                     const std::function<void()>& body, LaunchOptions options) {
   if (tl_launch != nullptr) {
     throw std::invalid_argument("emulation::launch: called from inside an emulated kernel");
   }
@@ -472,18 +498,21 @@ void launch_function(int64_t blocks, int threads_per_block, size_t shared_bytes,
   L.shared.reset(static_cast<unsigned char*>(
       ::operator new[](shared_bytes == 0 ? 1 : shared_bytes, std::align_val_t(128))));
   L.body = &body;
+  L.options = options;
+  L.rng.seed(options.seed);
   const int warps = threads_per_block / kWarpSize;
   L.warp_waiting.assign(warps, 0);
   L.warp_op.assign(warps, Op::kNone);
   L.warp_done.assign(warps, 0);
   for (int i = 0; i < threads_per_block; ++i) L.t.push_back(std::make_unique<EmulatedThread>());
   start_block(L);
+  const int first = pick_next(L, threads_per_block - 1);  // round robin: thread 0
 
   std::vector<std::thread> threads;
   threads.reserve(threads_per_block);
   for (int i = 0; i < threads_per_block; ++i) threads.emplace_back(worker, &L, i);
-  L.t[0]->state = State::kRunning;
-  L.t[0]->baton.release();
+  L.t[first]->state = State::kRunning;
+  L.t[first]->baton.release();
   L.all_blocks_done.acquire();
   // Every worker waits for its baton now; wake each so that it sees `finished` and returns.
   for (int i = 0; i < threads_per_block; ++i) L.t[i]->baton.release();

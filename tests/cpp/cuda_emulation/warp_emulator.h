@@ -14,7 +14,7 @@
 // of them runs at a time: the running thread goes on until it reaches a collective (a warp-wide
 // mma_m16n8k16, ldmatrix_x4[_trans] or shfl_xor, or the block-wide block_sync) or returns, then
 // hands a baton (its own std::binary_semaphore per thread) to the next runnable thread in index
-// order. The run is therefore deterministic. A collective completes when all 32 lanes of the
+// order (or as LaunchOptions::schedule says). The run is therefore deterministic. A collective completes when all 32 lanes of the
 // warp (all threads of the block for block_sync) have arrived; the lane that arrives last
 // computes every lane's result and goes on running. The blocks run one after another, reusing
 // the same threads and shared buffer.
@@ -113,6 +113,23 @@ struct bfloat16 {
 static_assert(sizeof(half) == 2 && sizeof(bfloat16) == 2);
 static_assert(std::is_trivially_copyable_v<half> && std::is_trivially_copyable_v<bfloat16>);
 
+// Which runnable thread gets the baton when the running one stops (every schedule is
+// deterministic; the lane that completes a collective always goes on running). Running a kernel
+// under several schedules varies how far warps get ahead of one another, which is what exposes
+// a missing block_sync (e.g. a cp.async prefetch overwriting a buffer that a slower warp still
+// reads: it reads the 0xFF fill, NaN).
+enum class Schedule {
+  kRoundRobin,    // the next runnable thread after the current one, in index order (default)
+  kLowestFirst,   // the runnable thread of lowest index: warp 0 runs ahead to each block_sync
+  kHighestFirst,  // the runnable thread of highest index: the last warp runs ahead
+  kRandom,        // a runnable thread drawn at random, from `seed`
+};
+
+struct LaunchOptions {
+  Schedule schedule = Schedule::kRoundRobin;
+  uint64_t seed = 0;  // for Schedule::kRandom
+};
+
 // Runs `body` once per emulated thread of each of `blocks` blocks of `threads_per_block`
 // threads (a multiple of 32, at most 1024), blocks in order 0, 1, ...; inside it,
 // detail::thread_index() and detail::block_index() give that thread's indices and
@@ -120,12 +137,13 @@ static_assert(std::is_trivially_copyable_v<half> && std::is_trivially_copyable_v
 // blocks are done. Throws std::invalid_argument for bad arguments (blocks < 0, bad
 // threads_per_block, a launch from inside a launch); blocks == 0 runs nothing.
 void launch_function(int64_t blocks, int threads_per_block, size_t shared_bytes,
-                     const std::function<void()>& body);
+                     const std::function<void()>& body, LaunchOptions options = {});
 
 template <typename F>
-void launch(int64_t blocks, int threads_per_block, size_t shared_bytes, F&& body) {
+void launch(int64_t blocks, int threads_per_block, size_t shared_bytes, F&& body,
+            LaunchOptions options = {}) {
   // body is called in place (never copied): move-only callables work too.
-  launch_function(blocks, threads_per_block, shared_bytes, [&body] { body(); });
+  launch_function(blocks, threads_per_block, shared_bytes, [&body] { body(); }, options);
 }
 
 // The running block's shared buffer (aborts outside a launch).

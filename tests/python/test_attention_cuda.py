@@ -459,22 +459,73 @@ def test_small_problems_every_kernel(dtype, dim):
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "heads_last", "sliced", "column_major"])
-def test_small_problems_tensor_core_path(dtype, dim, is_causal, layout):
-    # Half precision at D = 64/128 without a mask takes the tensor-core forward when rows are
-    # contiguous and 16-byte aligned (contiguous, heads_last), the generic one otherwise; lengths
-    # cut the 64-row tiles, both ways round for the causal mask. Small enough for the sanitizers.
+@pytest.mark.parametrize("kernels", ["flash", "earlier"])
+def test_small_problems_tensor_core_path(dtype, dim, is_causal, layout, kernels, monkeypatch):
+    # Half precision at D = 64/128 without a mask takes the tensor-core kernels when rows are
+    # contiguous and 16-byte aligned (contiguous, heads_last), the generic ones otherwise; lengths
+    # cut the 64-row tiles, both ways round for the causal mask. The tensor-core kernels are the
+    # FlashAttention-2-style forward and backward, or with ATTNLAB_CUDA_FLASH=0 the earlier WMMA
+    # forward and generic backward. Small enough for the sanitizers.
+    if kernels == "earlier":
+        monkeypatch.setenv("ATTNLAB_CUDA_FLASH", "0")
+    else:
+        monkeypatch.delenv("ATTNLAB_CUDA_FLASH", raising=False)
     for len_q, len_k in [(70, 130), (130, 70)]:
         q, k, v = _half_inputs((2, 3, len_q, dim), (2, 3, len_k, dim), dim, dtype,
                                seed=len_q + dim)
-        ref_output, _ = reference.attention(q, k, v, is_causal=is_causal)
-        ours = [on_cuda(t, layout, dtype) for t in (q, k, v)]
+        ref_inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref_output, _ = reference.attention(*ref_inputs, is_causal=is_causal)
+        ours = [on_cuda(t, layout, dtype).requires_grad_() for t in (q, k, v)]
         output, _ = attnlab.scaled_dot_product_attention(*ours, is_causal=is_causal)
         # The causal mask spelled out: top-left whichever backend torch picks.
         allowed = torch.ones(len_q, len_k, dtype=torch.bool, device="cuda").tril()
+        theirs = [on_cuda(t, dtype=dtype).requires_grad_() for t in (q, k, v)]
         torch_output = torch.nn.functional.scaled_dot_product_attention(
-            *(on_cuda(t, dtype=dtype) for t in (q, k, v)), attn_mask=allowed if is_causal else None)
+            *theirs, attn_mask=allowed if is_causal else None)
         assert output.dtype == dtype and output.shape == ref_output.shape
         assert_no_worse_than_torch(output, torch_output, ref_output, f"output {len_q}x{len_k}")
+        grad_output = torch.randn(ref_output.shape,
+                                  generator=torch.Generator().manual_seed(len_k)).to(dtype)
+        grads = torch.autograd.grad(output, ours, grad_output.cuda())
+        torch_grads = torch.autograd.grad(torch_output, theirs, grad_output.cuda())
+        ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
+        for name, grad, torch_grad, ref in zip("qkv", grads, torch_grads, ref_grads):
+            assert grad.dtype == dtype
+            assert_no_worse_than_torch(grad, torch_grad, ref, f"grad of {name} {len_q}x{len_k}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_kernels_on_long_sequences_and_broadcast_keys(dtype, is_causal):
+    # Many key and query tiles (the copy pipeline's buffers reused many times, dQ summed over 33
+    # key blocks by atomics), keys and values shared by the heads (stride 0), and a grad_output
+    # with padded rows (a slice, rows still 16-byte aligned, so the flash backward reads it in
+    # place): the flash kernels against the reference.
+    len_q, len_k, dim = 2050, 2100, 64
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 2, len_q, dim, generator=gen).to(dtype).double()
+    k, v = (torch.randn(1, 1, len_k, dim, generator=gen).to(dtype).double() for _ in range(2))
+    ref_inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_output, _ = reference.attention(*ref_inputs, is_causal=is_causal)
+    ours = [on_cuda(t, dtype=dtype).requires_grad_() for t in (q, k, v)]
+    theirs = [on_cuda(t, dtype=dtype).requires_grad_() for t in (q, k, v)]
+    output, _ = attnlab.scaled_dot_product_attention(ours[0], ours[1].expand(1, 2, len_k, dim),
+                                                     ours[2].expand(1, 2, len_k, dim),
+                                                     is_causal=is_causal)
+    allowed = torch.ones(len_q, len_k, dtype=torch.bool, device="cuda").tril()
+    torch_output = torch.nn.functional.scaled_dot_product_attention(
+        theirs[0], theirs[1].expand(1, 2, len_k, dim), theirs[2].expand(1, 2, len_k, dim),
+        attn_mask=allowed if is_causal else None)
+    assert_no_worse_than_torch(output, torch_output, ref_output, "output")
+    grad_output = torch.randn(1, 2, len_q, dim, generator=gen).to(dtype)
+    padded = torch.zeros(1, 2, len_q, dim + 8, dtype=dtype, device="cuda")
+    padded[..., :dim] = grad_output.cuda()
+    grads = torch.autograd.grad(output, ours, padded[..., :dim])
+    torch_grads = torch.autograd.grad(torch_output, theirs, grad_output.cuda())
+    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
+    for name, grad, torch_grad, ref in zip("qkv", grads, torch_grads, ref_grads):
+        assert_no_worse_than_torch(grad, torch_grad, ref, f"grad of {name}")
 
 
 # ---- non-finite values, as on the CPU (tests/python/test_numerical_edge_cases.py) ------------

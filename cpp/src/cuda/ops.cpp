@@ -36,6 +36,14 @@ bool flash_kernels_enabled() {
   return choice == nullptr || std::string_view(choice) != "0";
 }
 
+// Query rows per warp of the flash forward: 16 (default) or, with ATTNLAB_CUDA_FLASH_ROWS=32,
+// 32 (twice the products per K and V fragment loaded, more registers): a tuning switch for the
+// GPU benchmark.
+int flash_rows_per_warp() {
+  const char* choice = std::getenv("ATTNLAB_CUDA_FLASH_ROWS");
+  return choice != nullptr && std::string_view(choice) == "32" ? 32 : 16;
+}
+
 // grad_output read by the flash backward: unit column stride, 16-byte-aligned rows.
 bool aligned_rows(const MatrixOperand& op, int dims) {
   constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
@@ -102,7 +110,8 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
         if (tensor_cores) {
           if (flash_kernels_enabled()) {
             return sdpa_forward_flash<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                                lse.data_ptr<float>(), stream);
+                                                lse.data_ptr<float>(), flash_rows_per_warp(),
+                                                stream);
           }
           return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
                                                     lse.data_ptr<float>(), stream);

@@ -31,24 +31,33 @@
 
 namespace attnlab::cuda::detail {
 
+// The 64-row geometry shared by the forward's K and V tiles and all of the backward's tiles.
 template <int kHead>
 struct FlashTiles {
-  static_assert(kHead == 64 || kHead == 128, "flash forward: head size 64 or 128");
+  static_assert(kHead == 64 || kHead == 128, "flash kernels: head size 64 or 128");
   static constexpr int kWarps = 4;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kBlockM = 16 * kWarps;  // query rows per block
   static constexpr int kBlockN = 64;           // keys per tile
   static constexpr int kChunks = kHead / 8;    // 16-byte chunks per row of 16-bit values
-  static constexpr int kTileBytes = 64 * kHead * 2;  // Q, K and V tiles alike (64 rows)
-  static_assert(kBlockM == 64 && kBlockN == 64, "one tile size for Q, K and V");
-  // Q (reused to stage the output), then two K and two V buffers: 40 KiB at D = 64, 80 KiB at
-  // D = 128 (above the default 48 KiB: the launcher opts in).
-  static constexpr int kSharedBytes = 5 * kTileBytes;
-  static constexpr int kKSteps = kHead / 16;  // k-steps of Q·Kᵀ
-  static constexpr int kSTiles = kBlockN / 8;  // 8-column tiles of S
-  static constexpr int kOTiles = kHead / 8;    // 8-column tiles of the output
-  static constexpr int kLoadsPerThread = 64 * kChunks / kThreads;
-  static_assert(64 * kChunks % kThreads == 0);
+  static constexpr int kTileBytes = 64 * kHead * 2;  // a 64-row tile
+  static constexpr int kKSteps = kHead / 16;   // k-steps over the head dimension
+  static constexpr int kSTiles = kBlockN / 8;  // 8-column tiles of a 64-column score block
+  static constexpr int kOTiles = kHead / 8;    // 8-column tiles of a head-wide block
+};
+
+// The forward's: each warp owns kRowsPerWarp query rows (16: its Q fragments stay in
+// registers; 32: twice the products per K and V fragment loaded, Q fragments reloaded from
+// shared memory at each k-step, as FlashAttention-2 does), so a block owns 4·kRowsPerWarp rows.
+template <int kHead, int kRowsPerWarp>
+struct FlashForwardTiles : FlashTiles<kHead> {
+  static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "16 or 32 rows per warp");
+  static constexpr int kMTiles = kRowsPerWarp / 16;  // 16-row fragments per warp
+  static constexpr int kBlockM = 4 * kRowsPerWarp;   // query rows per block
+  static constexpr int kQTileBytes = kBlockM * kHead * 2;
+  // Q (reused to stage the output), then two K and two V buffers: at D = 64 40 KiB (16 rows per
+  // warp) or 48 KiB (32), at D = 128 80 or 96 KiB (above the default 48 KiB: the launcher opts
+  // in).
+  static constexpr int kSharedBytes = kQTileBytes + 4 * FlashTiles<kHead>::kTileBytes;
 };
 
 constexpr float kFlashNegInf = -__builtin_huge_valf();
@@ -66,14 +75,16 @@ struct alignas(16) Chunk16 {
   uint32_t words[4];
 };
 
-// Starts copying rows [row0, row0 + 64) of a [len, kHead] matrix (unit column stride, 16-byte
-// aligned rows) into a swizzled tile; rows at or past len become zeros. All threads call it.
-template <typename T, int kHead>
+// Starts copying rows [row0, row0 + kRows) of a [len, kHead] matrix (unit column stride,
+// 16-byte aligned rows) into a swizzled tile; rows at or past len become zeros. All threads of
+// the block call it.
+template <typename T, int kHead, int kRows = 64>
 ATTNLAB_DEVICE void copy_tile_async(unsigned char* tile, const T* base, int64_t row_stride,
                                     int64_t row0, int64_t len) {
   using Tiles = FlashTiles<kHead>;
+  static_assert(kRows * Tiles::kChunks % Tiles::kThreads == 0);
 #pragma unroll
-  for (int i = 0; i < Tiles::kLoadsPerThread; ++i) {
+  for (int i = 0; i < kRows * Tiles::kChunks / Tiles::kThreads; ++i) {
     const int idx = thread_index() + i * Tiles::kThreads;
     const int r = idx / Tiles::kChunks, c = idx % Tiles::kChunks;
     const bool valid = row0 + r < len;
@@ -82,19 +93,20 @@ ATTNLAB_DEVICE void copy_tile_async(unsigned char* tile, const T* base, int64_t 
   }
 }
 
-template <typename T, int kHead>
+template <typename T, int kHead, int kRowsPerWarp>
 ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
 sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // mma.sync m16n8k16 and cp.async need sm_80; ops.cpp launches this kernel only there.
   __trap();
 #else
-  using Tiles = FlashTiles<kHead>;
-  constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN;
+  using Tiles = FlashForwardTiles<kHead, kRowsPerWarp>;
+  constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN, kMT = Tiles::kMTiles;
+  constexpr bool kQInRegisters = kMT == 1;
   ATTNLAB_DYNAMIC_SHARED(shared);
   unsigned char* const q_tile = shared;
-  unsigned char* const k_tiles = shared + Tiles::kTileBytes;
-  unsigned char* const v_tiles = shared + 3 * Tiles::kTileBytes;
+  unsigned char* const k_tiles = shared + Tiles::kQTileBytes;
+  unsigned char* const v_tiles = k_tiles + 2 * Tiles::kTileBytes;
 
   const int tid = thread_index(), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // fragment row group and column pair
@@ -110,34 +122,46 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
   const int64_t n_tiles = (keys + kBlockN - 1) / kBlockN;
 
   // Copy groups, in order: (Q, K_0), V_0, then per tile K_{j+1} and V_{j+1} (empty at the end).
-  copy_tile_async<T, kHead>(q_tile, query, p.query.row_stride, i0, p.len_q);
+  copy_tile_async<T, kHead, kBlockM>(q_tile, query, p.query.row_stride, i0, p.len_q);
   if (n_tiles > 0) copy_tile_async<T, kHead>(k_tiles, key, p.key.row_stride, 0, p.len_k);
   cp_async_commit();
   if (n_tiles > 0) copy_tile_async<T, kHead>(v_tiles, value, p.value.row_stride, 0, p.len_k);
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
-  const int64_t row_lo = i0 + warp * 16 + g, row_hi = row_lo + 8;  // this lane's two rows
-  float o[Tiles::kOTiles][4];
+  // This warp's first row in the block; fragment mt's rows are row0 + 16·mt + g (+ 8).
+  const int row0 = warp * kRowsPerWarp;
+  float o[kMT][Tiles::kOTiles][4];
 #pragma unroll
-  for (int n = 0; n < Tiles::kOTiles; ++n) {
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+    for (int n = 0; n < Tiles::kOTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.f;
+    }
   }
-  // Per row (lo, hi): the running maximum of the scaled scores (all four lanes of the row
-  // agree) and this lane's share of the running sum (added across the four at the end).
-  float row_max[2] = {kFlashNegInf, kFlashNegInf}, row_sum[2] = {0.f, 0.f};
-  uint32_t qa[Tiles::kKSteps][4];
+  // Per row (fragment mt, lo/hi): the running maximum of the scaled scores (the row's four
+  // lanes agree) and this lane's share of the running sum (added across the four at the end).
+  float row_max[kMT][2], row_sum[kMT][2];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+    row_max[mt][0] = row_max[mt][1] = kFlashNegInf;
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  uint32_t q_registers[kQInRegisters ? Tiles::kKSteps : 1][4];
 
   for (int64_t tile = 0; tile < n_tiles; ++tile) {
     const int buffer = static_cast<int>(tile & 1);
     const int64_t j0 = tile * kBlockN;
     cp_async_wait<1>();  // this thread's K_tile (and Q) copies have landed
     block_sync();        // everyone's have; everyone is done with the other buffers
-    if (tile == 0) {
+    if constexpr (kQInRegisters) {
+      if (tile == 0) {
 #pragma unroll
-      for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
-        ldmatrix_x4(qa[ks], q_tile + swizzled<kHead>(warp * 16 + lane % 16, ks * 2 + lane / 16));
+        for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+          ldmatrix_x4(q_registers[ks],
+                      q_tile + swizzled<kHead>(row0 + lane % 16, ks * 2 + lane / 16));
+        }
       }
     }
     if (tile + 1 < n_tiles) {
@@ -146,75 +170,101 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
     }
     cp_async_commit();
 
-    // S = Q·Kᵀ: 8 tiles of 16 × 8, two per ldmatrix of K.
+    // S = Q·Kᵀ: per fragment, 8 tiles of 16 × 8, two per ldmatrix of K.
     const unsigned char* k_tile = k_tiles + buffer * Tiles::kTileBytes;
-    float s[Tiles::kSTiles][4];
+    float s[kMT][Tiles::kSTiles][4];
 #pragma unroll
-    for (int n = 0; n < Tiles::kSTiles; ++n) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+      for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+      uint32_t qa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        if constexpr (kQInRegisters) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) qa[mt][r] = q_registers[ks][r];
+        } else {
+          ldmatrix_x4(qa[mt], q_tile + swizzled<kHead>(row0 + mt * 16 + lane % 16,
+                                                       ks * 2 + lane / 16));
+        }
+      }
 #pragma unroll
       for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
         uint32_t kb[4];
         ldmatrix_x4(kb, k_tile + swizzled<kHead>(np * 16 + lane % 8 + (lane / 16) * 8,
                                                  ks * 2 + (lane / 8) % 2));
         const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
-        mma_m16n8k16<T>(s[2 * np], qa[ks], b0);
-        mma_m16n8k16<T>(s[2 * np + 1], qa[ks], b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<T>(s[mt][2 * np], qa[mt], b0);
+          mma_m16n8k16<T>(s[mt][2 * np + 1], qa[mt], b1);
+        }
       }
     }
 
     // Scale (before masking: a negative scale must not turn −inf into +inf), then hide the
     // keys past len_k and, under the causal mask, those after the row.
 #pragma unroll
-    for (int n = 0; n < Tiles::kSTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
-    }
-    if (j0 + kBlockN > p.len_k || (p.causal && j0 + kBlockN - 1 > i0)) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int n = 0; n < Tiles::kSTiles; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int64_t j = j0 + n * 8 + 2 * t + (e & 1);
-          const int64_t i = e < 2 ? row_lo : row_hi;
-          if (j >= p.len_k || (p.causal && j > i)) s[n][e] = kFlashNegInf;
+        for (int e = 0; e < 4; ++e) s[mt][n][e] *= scale_log2;
+      }
+    }
+    if (j0 + kBlockN > p.len_k || (p.causal && j0 + kBlockN - 1 > i0)) {
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int64_t j = j0 + n * 8 + 2 * t + (e & 1);
+            const int64_t i = i0 + row0 + mt * 16 + g + 8 * (e / 2);
+            if (j >= p.len_k || (p.causal && j > i)) s[mt][n][e] = kFlashNegInf;
+          }
         }
       }
     }
 
     // Online softmax. fmaxf skips NaN, and exp2 of a NaN score keeps it NaN in the sums.
-    float shift[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = kFlashNegInf;
+    for (int mt = 0; mt < kMT; ++mt) {
+      float shift[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = kFlashNegInf;
+#pragma unroll
+        for (int n = 0; n < Tiles::kSTiles; ++n) {
+          tile_max = fmaxf(tile_max, fmaxf(s[mt][n][2 * h], s[mt][n][2 * h + 1]));
+        }
+        tile_max = fmaxf(tile_max, shfl_xor(tile_max, 1));
+        tile_max = fmaxf(tile_max, shfl_xor(tile_max, 2));
+        const float new_max = fmaxf(row_max[mt][h], tile_max);
+        // A row that has seen only hidden keys keeps max −inf; 0 then keeps exp2 quiet.
+        shift[h] = new_max == kFlashNegInf ? 0.f : new_max;
+        const float correction = fast_exp2(row_max[mt][h] - shift[h]);
+        row_max[mt][h] = new_max;
+        row_sum[mt][h] *= correction;
+#pragma unroll
+        for (int n = 0; n < Tiles::kOTiles; ++n) {
+          o[mt][n][2 * h] *= correction;
+          o[mt][n][2 * h + 1] *= correction;
+        }
+      }
 #pragma unroll
       for (int n = 0; n < Tiles::kSTiles; ++n) {
-        tile_max = fmaxf(tile_max, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
-      }
-      tile_max = fmaxf(tile_max, shfl_xor(tile_max, 1));
-      tile_max = fmaxf(tile_max, shfl_xor(tile_max, 2));
-      const float new_max = fmaxf(row_max[h], tile_max);
-      // A row that has seen only hidden keys keeps max −inf; 0 then keeps exp2 quiet.
-      shift[h] = new_max == kFlashNegInf ? 0.f : new_max;
-      const float correction = fast_exp2(row_max[h] - shift[h]);
-      row_max[h] = new_max;
-      row_sum[h] *= correction;
 #pragma unroll
-      for (int n = 0; n < Tiles::kOTiles; ++n) {
-        o[n][2 * h] *= correction;
-        o[n][2 * h + 1] *= correction;
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < Tiles::kSTiles; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s[n][e] = fast_exp2(s[n][e] - shift[e / 2]);
-        row_sum[e / 2] += s[n][e];
+        for (int e = 0; e < 4; ++e) {
+          s[mt][n][e] = fast_exp2(s[mt][n][e] - shift[e / 2]);
+          row_sum[mt][e / 2] += s[mt][n][e];
+        }
       }
     }
 
@@ -230,53 +280,67 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
     const unsigned char* v_tile = v_tiles + buffer * Tiles::kTileBytes;
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t pa[4] = {pack_rn<T>(s[2 * kk][0], s[2 * kk][1]),
-                              pack_rn<T>(s[2 * kk][2], s[2 * kk][3]),
-                              pack_rn<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_rn<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      uint32_t pa[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+        pa[mt][0] = pack_rn<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack_rn<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack_rn<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack_rn<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
         uint32_t vb[4];
         ldmatrix_x4_trans(vb, v_tile + swizzled<kHead>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
                                                        np * 2 + lane / 16));
         const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
-        mma_m16n8k16<T>(o[2 * np], pa, b0);
-        mma_m16n8k16<T>(o[2 * np + 1], pa, b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          mma_m16n8k16<T>(o[mt][2 * np], pa[mt], b0);
+          mma_m16n8k16<T>(o[mt][2 * np + 1], pa[mt], b1);
+        }
       }
     }
   }
   cp_async_wait<0>();  // nothing is in flight past here (only empty groups remain)
+  // Every warp is past its last read of the Q tile (at tile 0 with Q in registers, else in the
+  // last tile's products): the barrier lets the output be staged there.
+  block_sync();
 
-  // Rows' sums across their four lanes, then the normalised rows into the Q tile (no longer
-  // read: every warp took its fragments at tile 0, before a barrier) and out in 16-byte chunks.
-  float inv_sum[2];
+  // Rows' sums across their four lanes, then the normalised rows into the Q tile and out in
+  // 16-byte chunks.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += shfl_xor(row_sum[h], 1);
-    row_sum[h] += shfl_xor(row_sum[h], 2);
-    inv_sum[h] = row_sum[h] == 0.f ? 0.f : 1.f / row_sum[h];
-  }
-#pragma unroll
-  for (int n = 0; n < Tiles::kOTiles; ++n) {
+  for (int mt = 0; mt < kMT; ++mt) {
+    float inv_sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = warp * 16 + g + 8 * h, col = n * 8 + 2 * t;
-      *reinterpret_cast<uint32_t*>(q_tile + swizzled<kHead>(r, col / 8) + (col % 8) * 2) =
-          pack_rn<T>(o[n][2 * h] * inv_sum[h], o[n][2 * h + 1] * inv_sum[h]);
+      row_sum[mt][h] += shfl_xor(row_sum[mt][h], 1);
+      row_sum[mt][h] += shfl_xor(row_sum[mt][h], 2);
+      inv_sum[h] = row_sum[mt][h] == 0.f ? 0.f : 1.f / row_sum[mt][h];
     }
-  }
-  if (t == 0) {
-    for (int h = 0; h < 2; ++h) {
-      const int64_t i = h == 0 ? row_lo : row_hi;
-      if (i < p.len_q) {
-        logsumexp[b * p.len_q + i] =
-            row_sum[h] == 0.f ? kFlashNegInf : row_max[h] * kLn2 + logf(row_sum[h]);
+#pragma unroll
+    for (int n = 0; n < Tiles::kOTiles; ++n) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + mt * 16 + g + 8 * h, col = n * 8 + 2 * t;
+        *reinterpret_cast<uint32_t*>(q_tile + swizzled<kHead>(r, col / 8) + (col % 8) * 2) =
+            pack_rn<T>(o[mt][n][2 * h] * inv_sum[h], o[mt][n][2 * h + 1] * inv_sum[h]);
+      }
+    }
+    if (t == 0) {
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + row0 + mt * 16 + g + 8 * h;
+        if (i < p.len_q) {
+          logsumexp[b * p.len_q + i] = row_sum[mt][h] == 0.f
+                                           ? kFlashNegInf
+                                           : row_max[mt][h] * kLn2 + logf(row_sum[mt][h]);
+        }
       }
     }
   }
   block_sync();
 #pragma unroll
-  for (int k = 0; k < Tiles::kLoadsPerThread; ++k) {
+  for (int k = 0; k < kBlockM * Tiles::kChunks / Tiles::kThreads; ++k) {
     const int idx = tid + k * Tiles::kThreads;
     const int r = idx / Tiles::kChunks, c = idx % Tiles::kChunks;
     if (i0 + r < p.len_q) {
@@ -286,7 +350,6 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
   }
 #endif
 }
-
 
 // ---- backward -------------------------------------------------------------------------------
 //
@@ -555,12 +618,20 @@ flash_grad_query_kernel(const float* accum, float scale, int64_t count, T* grad_
 
 namespace attnlab::cuda {
 
-template <typename T, int kHead>
-void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, cudaStream_t stream) {
-  using Tiles = detail::FlashTiles<kHead>;
-  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead>,
+template <typename T, int kHead, int kRowsPerWarp>
+void launch_flash_forward(const SdpaProblem& p, T* output, float* logsumexp,
+                          cudaStream_t stream) {
+  using Tiles = detail::FlashForwardTiles<kHead, kRowsPerWarp>;
+  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp>,
                  p.batch * detail::ceil_div(p.len_q, Tiles::kBlockM), Tiles::kThreads,
                  Tiles::kSharedBytes, stream, p, output, logsumexp);
+}
+
+template <typename T, int kHead>
+void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, int rows_per_warp,
+                        cudaStream_t stream) {
+  if (rows_per_warp == 32) return launch_flash_forward<T, kHead, 32>(p, output, logsumexp, stream);
+  launch_flash_forward<T, kHead, 16>(p, output, logsumexp, stream);
 }
 
 template <typename T, int kHead>
@@ -587,7 +658,7 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
 
 #define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                               \
   namespace attnlab::cuda {                                                                    \
-  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, cudaStream_t);    \
+  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, int, cudaStream_t); \
   template void sdpa_backward_flash<T, kHead>(const SdpaProblem&, const MatrixOperand&,        \
                                               const T*, const float*, float*, float*, T*, T*,  \
                                               T*, cudaStream_t);                               \

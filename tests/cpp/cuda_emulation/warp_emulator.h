@@ -196,6 +196,9 @@ void ldmatrix_x4(uint32_t (&r)[4], const void* row_address);
 // The same, each matrix transposed.
 void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_address);
 
+// *address += value. Atomic as it stands, since one emulated thread runs at a time.
+inline void atomic_add(float* address, float value) { *address += value; }
+
 // Queues a 16-byte copy global → shared (see the memory semantics above).
 void cp_async_16(void* shared, const void* global, bool valid);
 // Closes this thread's current group of copies.

@@ -3,8 +3,9 @@
 Writes markdown tables (to stdout, and to --out FILE as each table completes):
 
   1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style kernels,
-     and its earlier WMMA forward and generic backward, ATTNLAB_CUDA_FLASH=0) and of torch's
-     flash, efficient and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
+     the same with 32 query rows per warp in the forward, ATTNLAB_CUDA_FLASH_ROWS=32, and its
+     earlier WMMA forward and generic backward, ATTNLAB_CUDA_FLASH=0) and of torch's flash,
+     efficient and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
      forward+backward.
      Target from L = 2048: attnlab ≥ 0.8 × flash forward, ≥ 0.6 × flash forward+backward.
   2. float32: attnlab against the efficient backend. Target from L = 2048: ≥ 1.0 ×.
@@ -65,8 +66,20 @@ def flops(batch, heads, length, head_size, is_causal, backward):
 # ---- the implementations ---------------------------------------------------------------------
 
 
+KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH", "ATTNLAB_CUDA_FLASH_ROWS")
+
+
 def attnlab_sdpa(q, k, v, is_causal):
-    os.environ.pop("ATTNLAB_CUDA_FLASH", None)  # the default kernels (see attnlab_without_flash)
+    for name in KERNEL_SWITCHES:  # the default kernels (see attnlab_without_flash)
+        os.environ.pop(name, None)
+    return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
+
+
+def attnlab_flash_rows32(q, k, v, is_causal):
+    """attnlab's flash forward with 32 query rows per warp instead of 16
+    (ATTNLAB_CUDA_FLASH_ROWS=32, read at every call; attnlab_sdpa removes it)."""
+    os.environ.pop("ATTNLAB_CUDA_FLASH", None)
+    os.environ["ATTNLAB_CUDA_FLASH_ROWS"] = "32"
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
@@ -543,7 +556,8 @@ def main(argv=None):
     if "half" in args.tables:
         records = [r for dtype in (torch.bfloat16, torch.float16)
                    for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget,
-                                          [("attnlab before flash", attnlab_without_flash)])]
+                                          [("attnlab rows32", attnlab_flash_rows32),
+                                           ("attnlab before flash", attnlab_without_flash)])]
         emit(speed_section("bfloat16 and float16, TFLOP/s", records, "flash", HALF_TARGETS))
     if "float32" in args.tables:
         records = measure_speed(torch.float32, ["efficient"], args, budget)

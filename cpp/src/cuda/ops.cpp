@@ -57,9 +57,9 @@ bool aligned_rows(const MatrixOperand& op, int dims) {
   return true;
 }
 
-// The tensor-core forward's conditions (see sdpa_kernels.h); anything else takes the generic
-// kernels.
-bool tensor_core_forward_applies(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
+// The tensor-core kernels' conditions (see sdpa_kernels.h; the backward also needs grad_output's
+// rows aligned); anything else takes the generic kernels.
+bool tensor_core_kernels_apply(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
   if (dtype == at::kFloat || need_weights || p.mask.data != nullptr) return false;
   // WMMA in bfloat16 needs sm_80 (the kernel traps if built for an older GPU). Asked of the
   // CUDA runtime: at::cuda's device properties would make libattnlab need libtorch_cuda.
@@ -101,7 +101,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
   BatchIndexer batch(batch_shape);
   const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool tensor_cores = tensor_core_forward_applies(p, query.scalar_type(), need_weights);
+  const bool tensor_cores = tensor_core_kernels_apply(p, query.scalar_type(), need_weights);
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;
     with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
@@ -167,7 +167,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   const MatrixOperand dout = batch.operand(grad_output, len_q, dim_v);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool flash = !mask_grad && flash_kernels_enabled() &&
-                     tensor_core_forward_applies(p, query.scalar_type(), false) &&
+                     tensor_core_kernels_apply(p, query.scalar_type(), false) &&
                      aligned_rows(dout, p.shape.dims);
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;

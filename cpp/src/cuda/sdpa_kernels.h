@@ -20,7 +20,7 @@ void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
 
 // The same forward on tensor cores (sm_80+) for T = __half or __nv_bfloat16 and
 // dim_qk == dim_v == kHead ∈ {64, 128}, without mask or weights. Needs unit column strides and
-// 16-byte-aligned rows (pointers, row and batch strides): see tensor_core_forward_applies.
+// 16-byte-aligned rows (pointers, row and batch strides): see tensor_core_kernels_apply.
 template <typename T, int kHead>
 void sdpa_forward_tensor_core(const SdpaProblem& p, T* output, float* logsumexp,
                               cudaStream_t stream);

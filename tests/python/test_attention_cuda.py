@@ -46,6 +46,19 @@ def assert_no_worse_than_torch(result, torch_result, expected, what):
     assert ours <= 2 * theirs + 1e-6, f"{what}: error {ours:.2e}, torch's {theirs:.2e}"
 
 
+def assert_grads_no_worse_than_torch(output, torch_output, ref_output, ours, theirs, ref_inputs,
+                                     grad_output, what=""):
+    """The gradients of q, k and v through attnlab's output and torch's, for the same
+    grad_output (a CPU tensor of the inputs' dtype, or already on the GPU), each no worse than
+    twice torch's error against the float64 reference's."""
+    grads = torch.autograd.grad(output, ours, grad_output.to("cuda", output.dtype))
+    torch_grads = torch.autograd.grad(torch_output, theirs, grad_output.to("cuda", output.dtype))
+    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double().cpu())
+    for name, grad, torch_grad, ref in zip("qkv", grads, torch_grads, ref_grads):
+        assert grad.dtype == output.dtype
+        assert_no_worse_than_torch(grad, torch_grad, ref, f"grad of {name}{what}")
+
+
 def on_cuda(t, layout="contiguous", dtype=None):
     """t on the GPU (as dtype) in one of the memory layouts the CPU tests use."""
     t = t.detach().to("cuda", dtype or t.dtype)
@@ -270,12 +283,8 @@ def test_half_precision_no_worse_than_torch(dtype, shape, mask_kind, is_causal):
     assert_no_worse_than_torch(output, torch_output, ref_output, "output")
 
     grad_output = torch.randn(ref_output.shape, generator=gen).to(dtype)
-    grads = torch.autograd.grad(output, ours, grad_output.cuda())
-    torch_grads = torch.autograd.grad(torch_output, theirs, grad_output.cuda())
-    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
-    for name, grad, torch_grad, ref in zip("qkv", grads, torch_grads, ref_grads):
-        assert grad.dtype == dtype
-        assert_no_worse_than_torch(grad, torch_grad, ref, f"grad of {name}")
+    assert_grads_no_worse_than_torch(output, torch_output, ref_output, ours, theirs, ref_inputs,
+                                     grad_output)
 
 
 @requires_gpu
@@ -486,12 +495,8 @@ def test_small_problems_tensor_core_path(dtype, dim, is_causal, layout, kernels,
         assert_no_worse_than_torch(output, torch_output, ref_output, f"output {len_q}x{len_k}")
         grad_output = torch.randn(ref_output.shape,
                                   generator=torch.Generator().manual_seed(len_k)).to(dtype)
-        grads = torch.autograd.grad(output, ours, grad_output.cuda())
-        torch_grads = torch.autograd.grad(torch_output, theirs, grad_output.cuda())
-        ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
-        for name, grad, torch_grad, ref in zip("qkv", grads, torch_grads, ref_grads):
-            assert grad.dtype == dtype
-            assert_no_worse_than_torch(grad, torch_grad, ref, f"grad of {name} {len_q}x{len_k}")
+        assert_grads_no_worse_than_torch(output, torch_output, ref_output, ours, theirs,
+                                         ref_inputs, grad_output, f" {len_q}x{len_k}")
 
 
 @requires_gpu
@@ -521,11 +526,8 @@ def test_flash_kernels_on_long_sequences_and_broadcast_keys(dtype, is_causal):
     grad_output = torch.randn(1, 2, len_q, dim, generator=gen).to(dtype)
     padded = torch.zeros(1, 2, len_q, dim + 8, dtype=dtype, device="cuda")
     padded[..., :dim] = grad_output.cuda()
-    grads = torch.autograd.grad(output, ours, padded[..., :dim])
-    torch_grads = torch.autograd.grad(torch_output, theirs, grad_output.cuda())
-    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
-    for name, grad, torch_grad, ref in zip("qkv", grads, torch_grads, ref_grads):
-        assert_no_worse_than_torch(grad, torch_grad, ref, f"grad of {name}")
+    assert_grads_no_worse_than_torch(output, torch_output, ref_output, ours, theirs, ref_inputs,
+                                     padded[..., :dim])
 
 
 # ---- non-finite values, as on the CPU (tests/python/test_numerical_edge_cases.py) ------------

@@ -24,8 +24,9 @@
 // the emulator in tests/cpp/cuda_emulation, where CI tests it (tests/cpp/test_flash_emulated.cpp).
 // The compiler's report (nvcc -Xptxas -v, sm_90, nvcc 13.0): forward 16 rows per warp, D = 64:
 // 195 registers, no spill; D = 128: 255 registers, 40 bytes spilled; 32 rows per warp spills
-// 44 (D = 64) and 520 bytes (D = 128); backward: 255 registers, 4 bytes spilled at D = 64 and
-// 500 at D = 128 (its dK, dV, Sᵀ and dPᵀ alone take 192 registers per thread there).
+// 44 (D = 64) and 520 bytes (D = 128); backward: 252 registers and no spill at D = 64, 255 and
+// 436 bytes spilled at D = 128 (its dK, dV, Sᵀ and dPᵀ alone take 192 registers per thread
+// there; computing Sᵀ and dPᵀ one after the other spilled more, 568 bytes).
 //
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead).
 
@@ -368,7 +369,8 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
 // then writes dSᵀ to shared memory, and after a barrier each warp takes 16 of the queries:
 // dQ += dS·K, added to a float32 accumulator in global memory (other key blocks add theirs),
 // which a last kernel scales and rounds into grad_query. Q and dO tiles are double-buffered;
-// K and V are copied once. delta_i = Σ dO_i·O_i comes precomputed.
+// K and V are copied once. delta_i = Σ dO_i·O_i comes precomputed; each tile's lse and delta
+// are staged in shared memory beside its Q and dO.
 
 template <int kHead>
 struct FlashBackwardTiles {
@@ -379,7 +381,9 @@ struct FlashBackwardTiles {
   static constexpr int kQOffset = 2 * Tiles::kTileBytes;   // buffer i at + 2i·kTileBytes
   static constexpr int kDoOffset = 3 * Tiles::kTileBytes;  // buffer i at + 2i·kTileBytes
   static constexpr int kDsOffset = 6 * Tiles::kTileBytes;
-  static constexpr int kSharedBytes = kDsOffset + 64 * 64 * 2;
+  // Two buffers of the tile's 64 rows' (lse·log2 e, delta) pairs, float.
+  static constexpr int kRowTermsOffset = kDsOffset + 64 * 64 * 2;
+  static constexpr int kSharedBytes = kRowTermsOffset + 2 * 64 * 2 * 4;
 };
 
 // Loads the A fragments (16 rows of a swizzled [64, kHead] tile from row0, k-step ks).
@@ -453,6 +457,18 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
                   batch_offset(p.shape, grad_output.batch_stride, b);
   const float* lse = logsumexp + b * p.len_q;
   const float* row_delta = delta + b * p.len_q;
+  // The query rows' lse (in base 2) and delta, staged per tile in shared memory: read there in
+  // the P/dS loop, they take no registers across the tile's products. Rows at or past len_q
+  // get zeros (their probabilities are masked anyway).
+  float* const row_terms = reinterpret_cast<float*>(shared + Layout::kRowTermsOffset);
+  const auto stage_row_terms = [&](int buffer, int64_t i0) {
+    if (tid < 64) {
+      const int64_t i = i0 + tid;
+      float* terms = row_terms + (buffer * 64 + tid) * 2;
+      terms[0] = i < p.len_q ? lse[i] * kLog2e : 0.f;
+      terms[1] = i < p.len_q ? row_delta[i] : 0.f;
+    }
+  };
   const int64_t first_query = p.causal ? j0 / kBlock * kBlock : 0;
   const int64_t n_tiles = p.len_q > first_query ? (p.len_q - first_query + kBlock - 1) / kBlock : 0;
 
@@ -463,6 +479,7 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
                               p.len_q);
     copy_tile_async<T, kHead>(shared + Layout::kDoOffset, dout, grad_output.row_stride,
                               first_query, p.len_q);
+    stage_row_terms(0, first_query);  // seen after the first tile's barrier
   }
   cp_async_commit();
 
@@ -488,6 +505,7 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
                                 i0 + kBlock, p.len_q);
       copy_tile_async<T, kHead>(shared + Layout::kDoOffset + other, dout,
                                 grad_output.row_stride, i0 + kBlock, p.len_q);
+      stage_row_terms(buffer ^ 1, i0 + kBlock);  // seen after the next tile's first barrier
     }
     cp_async_commit();
 
@@ -517,13 +535,12 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int64_t i = i0 + n * 8 + 2 * t + c;
-        const bool row_ok = i < p.len_q;
-        const float lse_log2 = row_ok ? lse[i] * kLog2e : 0.f;
-        const float d = row_ok ? row_delta[i] : 0.f;
+        const float* terms = row_terms + (buffer * 64 + n * 8 + 2 * t + c) * 2;
+        const float lse_log2 = terms[0], d = terms[1];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int64_t j = h == 0 ? key_lo : key_hi;
-          const bool visible = row_ok && j < p.len_k && !(p.causal && j > i);
+          const bool visible = i < p.len_q && j < p.len_k && !(p.causal && j > i);
           const int e = 2 * h + c;
           const float prob = visible ? fast_exp2(st[n][e] * scale_log2 - lse_log2) : 0.f;
           st[n][e] = prob;
@@ -557,32 +574,36 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
     }
     block_sync();
 
-    // dQ (unscaled) for queries i0 + 16·warp .. + 15: dS·K, with dS read as dSᵀ transposed.
-    float dq[Tiles::kOTiles][4];
+    // dQ (unscaled) for queries i0 + 16·warp .. + 15: dS·K, with dS read as dSᵀ transposed,
+    // 64 columns at a time (fewer registers live beside dK and dV).
 #pragma unroll
-    for (int n = 0; n < Tiles::kOTiles; ++n) {
+    for (int part = 0; part < kHead / 64; ++part) {
+      float dq[8][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
-    }
+      for (int n = 0; n < 8; ++n) {
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t dsa[4];
-      ldmatrix_x4_trans(dsa, ds_tile + swizzled<64>(kk * 16 + lane % 8 + (lane / 16) * 8,
-                                                    warp * 2 + (lane / 8) % 2));
-#pragma unroll
-      for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
-        mma_rows<T, kHead>(dq[2 * np], dq[2 * np + 1], dsa, k_tile, kk, np, lane);
+        for (int e = 0; e < 4; ++e) dq[n][e] = 0.f;
       }
-    }
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t i = i0 + warp * 16 + g + 8 * h;
-      if (i >= p.len_q) continue;
-      float* row = grad_query_accum + (b * p.len_q + i) * kHead;
+      for (int kk = 0; kk < 4; ++kk) {
+        uint32_t dsa[4];
+        ldmatrix_x4_trans(dsa, ds_tile + swizzled<64>(kk * 16 + lane % 8 + (lane / 16) * 8,
+                                                      warp * 2 + (lane / 8) % 2));
 #pragma unroll
-      for (int n = 0; n < Tiles::kOTiles; ++n) {
-        atomic_add(row + n * 8 + 2 * t, dq[n][2 * h]);
-        atomic_add(row + n * 8 + 2 * t + 1, dq[n][2 * h + 1]);
+        for (int np = 0; np < 4; ++np) {
+          mma_rows<T, kHead>(dq[2 * np], dq[2 * np + 1], dsa, k_tile, kk, part * 4 + np, lane);
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t i = i0 + warp * 16 + g + 8 * h;
+        if (i >= p.len_q) continue;
+        float* row = grad_query_accum + (b * p.len_q + i) * kHead + part * 64;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          atomic_add(row + n * 8 + 2 * t, dq[n][2 * h]);
+          atomic_add(row + n * 8 + 2 * t + 1, dq[n][2 * h + 1]);
+        }
       }
     }
   }

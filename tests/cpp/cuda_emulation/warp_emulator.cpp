@@ -16,8 +16,10 @@
 #include <vector>
 
 #include <sys/mman.h>
-#include <ucontext.h>
 #include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
 
 #if defined(__SANITIZE_ADDRESS__)
 #define ATTNLAB_EMULATOR_ASAN 1
@@ -29,6 +31,41 @@
 #if defined(ATTNLAB_EMULATOR_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
+#endif
+
+// ---- fibers ----------------------------------------------------------------------------------
+// On x86-64 a switch saves the callee-saved registers on the running stack, stores the stack
+// pointer and loads the other one (a few nanoseconds, no system call; glibc's swapcontext also
+// sets the signal mask, a system call, and under ASan its interceptor clears the shadow of the
+// whole target stack at every switch). Elsewhere: ucontext.
+#if defined(__x86_64__)
+extern "C" void attnlab_emulator_switch_stack(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl attnlab_emulator_switch_stack
+  .hidden attnlab_emulator_switch_stack
+  .type attnlab_emulator_switch_stack, @function
+attnlab_emulator_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size attnlab_emulator_switch_stack, .-attnlab_emulator_switch_stack
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
 #endif
 
 namespace attnlab::cuda::emulation {
@@ -149,8 +186,17 @@ constexpr size_t kStackBytes = size_t{512} << 10;
 constexpr size_t kStackBytes = size_t{128} << 10;
 #endif
 
+// Where a fiber (or the launching thread) stopped.
+struct FiberContext {
+#if defined(__x86_64__)
+  void* sp = nullptr;  // its stack pointer, the saved registers and return address on top
+#else
+  ucontext_t uc;
+#endif
+};
+
 struct EmulatedThread {
-  ucontext_t context;  // where the fiber stopped (valid while it is not running)
+  FiberContext context;  // where the fiber stopped (valid while it is not running)
   unsigned char* stack = nullptr;  // the lowest address of its stack (kStackBytes)
   State state = State::kRunnable;
   Op op = Op::kNone;
@@ -194,7 +240,7 @@ struct Launch {
   bool finished = false;
   // The launching thread's context (resumed when all blocks are done) and, under ASan, its
   // stack as the first fiber saw it.
-  ucontext_t launcher;
+  FiberContext launcher;
   const void* launcher_stack = nullptr;
   size_t launcher_stack_bytes = 0;
   // The fibers' stacks: one mapping, each stack above a guard page.
@@ -220,7 +266,7 @@ thread_local int tl_index = -1;
 
 // Saves the running context in `from` and resumes `to`, whose stack is [to_stack, +to_bytes).
 // `from_ends`: the running fiber is never resumed (ASan drops its fake stack).
-void switch_context(ucontext_t* from, const ucontext_t* to, const void* to_stack, size_t to_bytes,
+void switch_context(FiberContext* from, FiberContext* to, const void* to_stack, size_t to_bytes,
                     bool from_ends = false) {
 #if defined(ATTNLAB_EMULATOR_ASAN)
   void* fake_stack = nullptr;
@@ -230,7 +276,11 @@ void switch_context(ucontext_t* from, const ucontext_t* to, const void* to_stack
   (void)to_bytes;
   (void)from_ends;
 #endif
-  if (swapcontext(from, to) != 0) fail("internal error: swapcontext failed");
+#if defined(__x86_64__)
+  attnlab_emulator_switch_stack(&from->sp, to->sp);
+#else
+  if (swapcontext(&from->uc, &to->uc) != 0) fail("internal error: swapcontext failed");
+#endif
 #if defined(ATTNLAB_EMULATOR_ASAN)
   __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
 #endif
@@ -561,16 +611,30 @@ void land(const Copy& copy) {
   }
 }
 
-// Makes t's context start fiber_main on t's stack. Out of line: getcontext returns twice
-// (never here: the context is only resumed after makecontext), which would keep the compiler
-// from keeping the caller's variables in registers.
-[[gnu::noinline]] void make_fiber(EmulatedThread& t) {
-  if (getcontext(&t.context) != 0) fail("internal error: getcontext failed");
-  t.context.uc_stack.ss_sp = t.stack;
-  t.context.uc_stack.ss_size = kStackBytes;
-  t.context.uc_link = nullptr;  // fiber_main never returns
-  makecontext(&t.context, fiber_main, 0);
+// Makes t's context start fiber_main on t's stack.
+#if defined(__x86_64__)
+void make_fiber(EmulatedThread& t) {
+  // The stack as attnlab_emulator_switch_stack leaves it: r15, r14, r13, r12, rbx, rbp (all 0),
+  // then the return address, fiber_main, at a 16-byte aligned address (so that fiber_main
+  // starts as if called: rsp + 8 aligned), then a zero above it.
+  auto* top = reinterpret_cast<uintptr_t*>(t.stack + kStackBytes);  // 16-byte aligned
+  uintptr_t* sp = top - 8;
+  for (int k = 0; k < 6; ++k) sp[k] = 0;
+  sp[6] = reinterpret_cast<uintptr_t>(&fiber_main);
+  sp[7] = 0;
+  t.context.sp = sp;
 }
+#else
+// Out of line: getcontext returns twice (never here: the context is only resumed after
+// makecontext), which would keep the compiler from keeping the caller's variables in registers.
+[[gnu::noinline]] void make_fiber(EmulatedThread& t) {
+  if (getcontext(&t.context.uc) != 0) fail("internal error: getcontext failed");
+  t.context.uc.uc_stack.ss_sp = t.stack;
+  t.context.uc.uc_stack.ss_size = kStackBytes;
+  t.context.uc.uc_link = nullptr;  // fiber_main never returns
+  makecontext(&t.context.uc, fiber_main, 0);
+}
+#endif
 
 }  // namespace
 

@@ -10,8 +10,8 @@
 //   namespace emu = attnlab::cuda::emulation;
 //   emu::launch(blocks, 128, shared_bytes, [&] { my_kernel<emu::half>(args...); });
 //
-// Execution model. Every emulated CUDA thread of a block is its own fiber (a ucontext with its
-// own stack, all run by the thread that called launch), and exactly one of them runs at a time:
+// Execution model. Every emulated CUDA thread of a block is its own fiber (its own stack, all
+// fibers run by the thread that called launch), and exactly one of them runs at a time:
 // the running thread goes on until it reaches a collective (a warp-wide mma_m16n8k16,
 // ldmatrix_x4[_trans] or shfl_xor, or the block-wide block_sync) or returns, then switches to
 // the next runnable thread in index order (or as LaunchOptions::schedule says), a user-space

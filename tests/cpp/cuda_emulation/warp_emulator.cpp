@@ -11,11 +11,62 @@
 #include <memory>
 #include <new>
 #include <random>
-#include <semaphore>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include <sys/mman.h>
+#include <unistd.h>
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
+#if defined(__SANITIZE_ADDRESS__)
+#define ATTNLAB_EMULATOR_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ATTNLAB_EMULATOR_ASAN 1
+#endif
+#endif
+#if defined(ATTNLAB_EMULATOR_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+// ---- fibers ----------------------------------------------------------------------------------
+// On x86-64 a switch saves the callee-saved registers on the running stack, stores the stack
+// pointer and loads the other one (a few nanoseconds, no system call; glibc's swapcontext also
+// sets the signal mask, a system call, and under ASan its interceptor clears the shadow of the
+// whole target stack at every switch). Elsewhere: ucontext.
+#if defined(__x86_64__)
+extern "C" void attnlab_emulator_switch_stack(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .globl attnlab_emulator_switch_stack
+  .hidden attnlab_emulator_switch_stack
+  .type attnlab_emulator_switch_stack, @function
+attnlab_emulator_switch_stack:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size attnlab_emulator_switch_stack, .-attnlab_emulator_switch_stack
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+#endif
 
 namespace attnlab::cuda::emulation {
 
@@ -127,8 +178,26 @@ struct Copy {
   const unsigned char* source;  // null when not valid
 };
 
+// Room for each fiber's stack (kernels keep arrays of a few hundred floats per thread;
+// AddressSanitizer's redzones need more), plus one guard page below it.
+#if defined(ATTNLAB_EMULATOR_ASAN)
+constexpr size_t kStackBytes = size_t{512} << 10;
+#else
+constexpr size_t kStackBytes = size_t{128} << 10;
+#endif
+
+// Where a fiber (or the launching thread) stopped.
+struct FiberContext {
+#if defined(__x86_64__)
+  void* sp = nullptr;  // its stack pointer, the saved registers and return address on top
+#else
+  ucontext_t uc;
+#endif
+};
+
 struct EmulatedThread {
-  std::binary_semaphore baton{0};
+  FiberContext context;  // where the fiber stopped (valid while it is not running)
+  unsigned char* stack = nullptr;  // the lowest address of its stack (kStackBytes)
   State state = State::kRunnable;
   Op op = Op::kNone;
   // The arguments of the collective it waits at (pointing into its own stack frame, alive
@@ -169,11 +238,68 @@ struct Launch {
   std::mt19937_64 rng;
   std::vector<int> candidates;
   bool finished = false;
-  std::binary_semaphore all_blocks_done{0};
+  // The launching thread's context (resumed when all blocks are done) and, under ASan, its
+  // stack as the first fiber saw it.
+  FiberContext launcher;
+  const void* launcher_stack = nullptr;
+  size_t launcher_stack_bytes = 0;
+  // The fibers' stacks: one mapping, each stack above a guard page.
+  unsigned char* stacks = nullptr;
+  size_t stacks_bytes = 0;
+
+  Launch() = default;
+  Launch(const Launch&) = delete;
+  Launch& operator=(const Launch&) = delete;
+  ~Launch() {
+    if (stacks == nullptr) return;
+#if defined(ATTNLAB_EMULATOR_ASAN)
+    __asan_unpoison_memory_region(stacks, stacks_bytes);  // no stale redzones for a later mapping
+#endif
+    munmap(stacks, stacks_bytes);
+  }
 };
 
+// The launch running on this OS thread (every fiber of a launch runs on the thread that called
+// launch) and the emulated thread running now.
 thread_local Launch* tl_launch = nullptr;
 thread_local int tl_index = -1;
+
+// Saves the running context in `from` and resumes `to`, whose stack is [to_stack, +to_bytes).
+// `from_ends`: the running fiber is never resumed (ASan drops its fake stack).
+void switch_context(FiberContext* from, FiberContext* to, const void* to_stack, size_t to_bytes,
+                    bool from_ends = false) {
+#if defined(ATTNLAB_EMULATOR_ASAN)
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(from_ends ? nullptr : &fake_stack, to_stack, to_bytes);
+#else
+  (void)to_stack;
+  (void)to_bytes;
+  (void)from_ends;
+#endif
+#if defined(__x86_64__)
+  attnlab_emulator_switch_stack(&from->sp, to->sp);
+#else
+  if (swapcontext(&from->uc, &to->uc) != 0) fail("internal error: swapcontext failed");
+#endif
+#if defined(ATTNLAB_EMULATOR_ASAN)
+  __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Fiber i stops running and fiber `next` runs (a no-op when they are the same).
+void switch_fiber(Launch& L, int i, int next) {
+  if (next == i) return;
+  tl_index = next;
+  switch_context(&L.t[i]->context, &L.t[next]->context, L.t[next]->stack, kStackBytes);
+  tl_index = i;
+}
+
+// Fiber i stops running and the launching thread goes on.
+void switch_to_launcher(Launch& L, int i) {
+  tl_index = -1;
+  switch_context(&L.t[i]->context, &L.launcher, L.launcher_stack, L.launcher_stack_bytes);
+  tl_index = i;
+}
 
 Launch& current(const char* what) {
   if (tl_launch == nullptr) {
@@ -226,8 +352,9 @@ int pick_next(Launch& L, int i) {
   return -1;
 }
 
-// Thread i stops running (it waits or has returned): hand the baton to the next runnable thread
-// (as the schedule says), or start the next block, or end the launch; then wait for the baton.
+// Thread i stops running (it waits or has returned): switch to the next runnable thread (as the
+// schedule says), or start the next block, or end the launch (back to the launching thread).
+// Returns when thread i runs again.
 void switch_away(Launch& L, int i) {
   int next = pick_next(L, i);
   if (next < 0) {
@@ -249,14 +376,14 @@ void switch_away(Launch& L, int i) {
       next = pick_next(L, L.threads - 1);  // round robin: thread 0
     } else {
       L.finished = true;
-      L.all_blocks_done.release();
     }
   }
   if (next >= 0) {
     L.t[next]->state = State::kRunning;
-    L.t[next]->baton.release();
+    switch_fiber(L, i, next);
+  } else {
+    switch_to_launcher(L, i);
   }
-  L.t[i]->baton.acquire();
 }
 
 void finish_thread(Launch& L, int i) {
@@ -282,11 +409,21 @@ void finish_thread(Launch& L, int i) {
   switch_away(L, i);
 }
 
-void worker(Launch* launch, int i) {
-  tl_launch = launch;
-  tl_index = i;
-  Launch& L = *launch;
-  L.t[i]->baton.acquire();
+// The body of every fiber: runs the kernel once per block until the launch is finished.
+void fiber_main() {
+#if defined(ATTNLAB_EMULATOR_ASAN)
+  const void* from_stack = nullptr;
+  size_t from_bytes = 0;
+  __sanitizer_finish_switch_fiber(nullptr, &from_stack, &from_bytes);
+#endif
+  Launch& L = *tl_launch;
+  const int i = tl_index;
+#if defined(ATTNLAB_EMULATOR_ASAN)
+  if (L.launcher_stack == nullptr) {  // the first fiber is started by the launching thread
+    L.launcher_stack = from_stack;
+    L.launcher_stack_bytes = from_bytes;
+  }
+#endif
   while (!L.finished) {
     try {
       (*L.body)();
@@ -299,6 +436,11 @@ void worker(Launch* launch, int i) {
     }
     finish_thread(L, i);
   }
+  // Back to the launching thread for good (a fiber's function must never return).
+  tl_index = -1;
+  switch_context(&L.t[i]->context, &L.launcher, L.launcher_stack, L.launcher_stack_bytes,
+                 /*from_ends=*/true);
+  fail("internal error: a finished fiber was resumed");
 }
 
 // ---- collectives ---------------------------------------------------------------------------
@@ -469,6 +611,31 @@ void land(const Copy& copy) {
   }
 }
 
+// Makes t's context start fiber_main on t's stack.
+#if defined(__x86_64__)
+void make_fiber(EmulatedThread& t) {
+  // The stack as attnlab_emulator_switch_stack leaves it: r15, r14, r13, r12, rbx, rbp (all 0),
+  // then the return address, fiber_main, at a 16-byte aligned address (so that fiber_main
+  // starts as if called: rsp + 8 aligned), then a zero above it.
+  auto* top = reinterpret_cast<uintptr_t*>(t.stack + kStackBytes);  // 16-byte aligned
+  uintptr_t* sp = top - 8;
+  for (int k = 0; k < 6; ++k) sp[k] = 0;
+  sp[6] = reinterpret_cast<uintptr_t>(&fiber_main);
+  sp[7] = 0;
+  t.context.sp = sp;
+}
+#else
+// Out of line: getcontext returns twice (never here: the context is only resumed after
+// makecontext), which would keep the compiler from keeping the caller's variables in registers.
+[[gnu::noinline]] void make_fiber(EmulatedThread& t) {
+  if (getcontext(&t.context.uc) != 0) fail("internal error: getcontext failed");
+  t.context.uc.uc_stack.ss_sp = t.stack;
+  t.context.uc.uc_stack.ss_size = kStackBytes;
+  t.context.uc.uc_link = nullptr;  // fiber_main never returns
+  makecontext(&t.context.uc, fiber_main, 0);
+}
+#endif
+
 }  // namespace
 
 // ---- public entry points -------------------------------------------------------------------
@@ -504,19 +671,43 @@ void launch_function(int64_t blocks, int threads_per_block, size_t shared_bytes,
   L.warp_waiting.assign(warps, 0);
   L.warp_op.assign(warps, Op::kNone);
   L.warp_done.assign(warps, 0);
-  for (int i = 0; i < threads_per_block; ++i) L.t.push_back(std::make_unique<EmulatedThread>());
+  // One fiber per emulated thread, each with its own stack above a guard page, made once and
+  // reused by every block.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t slot = kStackBytes + page;
+  L.stacks_bytes = slot * static_cast<size_t>(threads_per_block);
+  void* stacks = mmap(nullptr, L.stacks_bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (stacks == MAP_FAILED) throw std::bad_alloc();
+  L.stacks = static_cast<unsigned char*>(stacks);
+  for (int i = 0; i < threads_per_block; ++i) {
+    auto t = std::make_unique<EmulatedThread>();
+    unsigned char* guard = L.stacks + slot * static_cast<size_t>(i);
+    if (mprotect(guard, page, PROT_NONE) != 0) throw std::bad_alloc();
+    t->stack = guard + page;
+    make_fiber(*t);
+    L.t.push_back(std::move(t));
+  }
   start_block(L);
   const int first = pick_next(L, threads_per_block - 1);  // round robin: thread 0
 
-  std::vector<std::thread> threads;
-  threads.reserve(threads_per_block);
-  for (int i = 0; i < threads_per_block; ++i) threads.emplace_back(worker, &L, i);
+  // The fibers run on this thread, one at a time, until all blocks are done.
+  struct Reset {
+    ~Reset() {
+      tl_launch = nullptr;
+      tl_index = -1;
+    }
+  } reset;
+  tl_launch = &L;
   L.t[first]->state = State::kRunning;
-  L.t[first]->baton.release();
-  L.all_blocks_done.acquire();
-  // Every worker waits for its baton now; wake each so that it sees `finished` and returns.
-  for (int i = 0; i < threads_per_block; ++i) L.t[i]->baton.release();
-  for (auto& t : threads) t.join();
+  tl_index = first;
+  switch_context(&L.launcher, &L.t[first]->context, L.t[first]->stack, kStackBytes);
+  // Every fiber is stopped in switch_away now; resume each so that it sees `finished` and ends
+  // (its function returns to the launching thread, and ASan forgets its stack frames).
+  for (int i = 0; i < threads_per_block; ++i) {
+    tl_index = i;
+    switch_context(&L.launcher, &L.t[i]->context, L.t[i]->stack, kStackBytes);
+  }
 }
 
 unsigned char* shared_memory() { return current("ATTNLAB_DYNAMIC_SHARED").shared.get(); }

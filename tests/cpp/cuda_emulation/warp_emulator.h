@@ -10,14 +10,18 @@
 //   namespace emu = attnlab::cuda::emulation;
 //   emu::launch(blocks, 128, shared_bytes, [&] { my_kernel<emu::half>(args...); });
 //
-// Execution model. Every emulated CUDA thread of a block is its own std::thread, and exactly one
-// of them runs at a time: the running thread goes on until it reaches a collective (a warp-wide
-// mma_m16n8k16, ldmatrix_x4[_trans] or shfl_xor, or the block-wide block_sync) or returns, then
-// hands a baton (its own std::binary_semaphore per thread) to the next runnable thread in index
-// order (or as LaunchOptions::schedule says). The run is therefore deterministic. A collective completes when all 32 lanes of the
+// Execution model. Every emulated CUDA thread of a block is its own fiber (its own stack, all
+// fibers run by the thread that called launch), and exactly one of them runs at a time:
+// the running thread goes on until it reaches a collective (a warp-wide mma_m16n8k16,
+// ldmatrix_x4[_trans] or shfl_xor, or the block-wide block_sync) or returns, then switches to
+// the next runnable thread in index order (or as LaunchOptions::schedule says), a user-space
+// switch of well under a microsecond (annotated for AddressSanitizer, which then checks the
+// fibers' stacks too). The run is therefore deterministic. Each fiber has a fixed stack
+// (128 KiB, 512 KiB under ASan, a guard page below it): keep large arrays out of kernels'
+// frames. A collective completes when all 32 lanes of the
 // warp (all threads of the block for block_sync) have arrived; the lane that arrives last
 // computes every lane's result and goes on running. The blocks run one after another, reusing
-// the same threads and shared buffer.
+// the same fibers and shared buffer.
 //
 // Whatever a real GPU would hang on or do undefined things with aborts the process with a
 // message on stderr (GoogleTest death tests can check it): a thread that returns while others

@@ -439,4 +439,43 @@ TEST(FlashEmulated, BackwardHalfHead64OtherSchedules) {
   }
 }
 
+// Random cases: batch shapes of one or two dimensions (K/V broadcast over the second or not),
+// lengths 1 to 200 queries and 0 to 200 keys, causal or not, padded rows, scales of either sign.
+std::vector<FlashCase> random_cases(int count, unsigned seed) {
+  std::mt19937 gen(seed);
+  const auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(gen); };
+  constexpr double kScales[] = {1.0, 0.5, 2.0, -1.0};
+  std::vector<FlashCase> cases;
+  for (int n = 0; n < count; ++n) {
+    FlashCase c;
+    c.batch = uniform(0, 1) ? std::vector<int64_t>{uniform(1, 2)}
+                            : std::vector<int64_t>{uniform(1, 2), uniform(2, 3)};
+    c.len_q = uniform(1, 200);
+    c.len_k = uniform(0, 200);
+    c.causal = uniform(0, 1) == 1;
+    c.row_padding = 8 * uniform(0, 2);
+    c.broadcast_kv = c.batch.size() == 2 && uniform(0, 1) == 1;
+    c.scale_factor = kScales[uniform(0, 3)];
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+TEST(FlashEmulated, RandomCasesHead64) {
+  for (const auto& c : random_cases(24, 2024)) {
+    check_flash_case<emulation::half, 64, 16>(c, kHalfTolerance);
+    check_flash_case<emulation::bfloat16, 64, 32>(c, kBfloat16Tolerance);
+    check_flash_backward_case<emulation::half, 64>(c, kHalfGradTolerance);
+    check_flash_backward_case<emulation::bfloat16, 64>(c, kBfloat16GradTolerance);
+  }
+}
+
+TEST(FlashEmulated, RandomCasesHead128) {
+  for (const auto& c : random_cases(8, 128)) {
+    check_flash_case<emulation::bfloat16, 128, 16>(c, kBfloat16Tolerance);
+    check_flash_case<emulation::half, 128, 32>(c, kHalfTolerance);
+    check_flash_backward_case<emulation::bfloat16, 128>(c, kBfloat16GradTolerance);
+  }
+}
+
 }  // namespace

@@ -90,12 +90,14 @@ __device__ void load_tile(float* tile, int ld, int rows, int width, const Matrix
   }
 }
 
-// delta_i = Σ_c dO_ic·O_ic, one warp per query row (8 rows per block of 256 threads): the
-// backward's row term, for the generic and the flash backward alike.
+// delta_i = Σ_c dO_ic·O_ic, one warp per query row (kDeltaRowsPerBlock rows per block): the
+// backward's row term, for the generic and the flash backward alike (launch_softmax_delta).
+constexpr int kDeltaRowsPerBlock = 8;
+
 template <typename T>
 __global__ void softmax_delta_kernel(SdpaProblem p, MatrixOperand grad_output, const T* output,
                                      float* delta) {
-  constexpr int kWarps = 8;
+  constexpr int kWarps = kDeltaRowsPerBlock;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= p.batch * p.len_q) return;
@@ -122,6 +124,15 @@ void launch(void (*kernel)(Params...), int64_t blocks, int threads, size_t smem_
   kernel<<<static_cast<unsigned>(blocks), threads, smem_bytes, stream>>>(
       std::forward<Args>(args)...);
   check_kernel_launch();
+}
+
+// delta [batch, len_q] from grad_output and the forward's output (contiguous at the flattened
+// batch).
+template <typename T>
+void launch_softmax_delta(const SdpaProblem& p, const MatrixOperand& grad_output,
+                          const T* output, float* delta, cudaStream_t stream) {
+  launch(softmax_delta_kernel<T>, ceil_div(p.batch * p.len_q, kDeltaRowsPerBlock),
+         kDeltaRowsPerBlock * 32, 0, stream, p, grad_output, output, delta);
 }
 
 }  // namespace attnlab::cuda::detail

@@ -61,7 +61,8 @@ bool aligned_rows(const MatrixOperand& op, int dims) {
 // rows aligned); anything else takes the generic kernels.
 bool tensor_core_kernels_apply(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
   if (dtype == at::kFloat || need_weights || p.mask.data != nullptr) return false;
-  // WMMA in bfloat16 needs sm_80 (the kernel traps if built for an older GPU). Asked of the
+  // mma.sync m16n8k16, cp.async and bfloat16 WMMA need sm_80 (the kernels trap if built for an
+  // older GPU). Asked of the
   // CUDA runtime: at::cuda's device properties would make libattnlab need libtorch_cuda.
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,

@@ -100,6 +100,65 @@ ATTNLAB_DEVICE void copy_tile_async(unsigned char* tile, const T* base, int64_t 
   }
 }
 
+// ---- fragments of swizzled tiles (kCols 16-bit columns per row) ----------------------------
+
+// The A operand of one k-step: rows row0 .. row0 + 15, columns 16·ks .. 16·ks + 15.
+template <int kCols>
+ATTNLAB_DEVICE void load_a(uint32_t (&a)[4], const unsigned char* tile, int row0, int ks,
+                           int lane) {
+  ldmatrix_x4(a, tile + swizzled<kCols>(row0 + lane % 16, ks * 2 + lane / 16));
+}
+
+// The A operand of one k-step read from its transpose: the tile holds Aᵀ, k along the rows
+// (16·kk ..) and A's rows along the columns (row0 ..).
+template <int kCols>
+ATTNLAB_DEVICE void load_a_transposed(uint32_t (&a)[4], const unsigned char* tile, int kk,
+                                      int row0, int lane) {
+  ldmatrix_x4_trans(a, tile + swizzled<kCols>(kk * 16 + lane % 8 + (lane / 16) * 8,
+                                              row0 / 8 + (lane / 8) % 2));
+}
+
+// The B operands of two adjacent 8-column tiles (registers 0, 1 and 2, 3) whose columns are the
+// tile's rows row0 .. row0 + 15, k = columns 16·ks ..: the "K" of S = Q·Kᵀ.
+template <int kCols>
+ATTNLAB_DEVICE void load_b_of_rows(uint32_t (&b)[4], const unsigned char* tile, int row0,
+                                   int ks, int lane) {
+  ldmatrix_x4(b, tile + swizzled<kCols>(row0 + lane % 8 + (lane / 16) * 8, ks * 2 + (lane / 8) % 2));
+}
+
+// The B operands of two adjacent 8-column tiles (columns 16·np ..) with k down the tile's rows
+// 16·kk ..: the "V" of O = P·V.
+template <int kCols>
+ATTNLAB_DEVICE void load_b_of_columns(uint32_t (&b)[4], const unsigned char* tile, int kk,
+                                      int np, int lane) {
+  ldmatrix_x4_trans(b, tile + swizzled<kCols>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
+                                              np * 2 + lane / 16));
+}
+
+// acc0 += A·B₀ and acc1 += A·B₁ for the two tiles of a load_b_of_*.
+template <typename T>
+ATTNLAB_DEVICE void mma_pair(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4],
+                             const uint32_t (&b)[4]) {
+  const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+  mma_m16n8k16<T>(acc0, a, b0);
+  mma_m16n8k16<T>(acc1, a, b1);
+}
+
+// The accumulators of two adjacent 16 × 8 tiles as the A operand of a k-step (rounded to T).
+template <typename T>
+ATTNLAB_DEVICE void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_rn<T>(lo[0], lo[1]);
+  a[1] = pack_rn<T>(lo[2], lo[3]);
+  a[2] = pack_rn<T>(hi[0], hi[1]);
+  a[3] = pack_rn<T>(hi[2], hi[3]);
+}
+
+// Two packed 16-bit values into a swizzled tile at (row, col), col even.
+template <int kCols>
+ATTNLAB_DEVICE void store_pair(unsigned char* tile, int row, int col, uint32_t pair) {
+  *reinterpret_cast<uint32_t*>(tile + swizzled<kCols>(row, col / 8) + (col % 8) * 2) = pair;
+}
+
 template <typename T, int kHead, int kRowsPerWarp>
 ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
 sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
@@ -166,8 +225,7 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
       if (tile == 0) {
 #pragma unroll
         for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
-          ldmatrix_x4(q_registers[ks],
-                      q_tile + swizzled<kHead>(row0 + lane % 16, ks * 2 + lane / 16));
+          load_a<kHead>(q_registers[ks], q_tile, row0, ks, lane);
         }
       }
     }
@@ -197,21 +255,15 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
 #pragma unroll
           for (int r = 0; r < 4; ++r) qa[mt][r] = q_registers[ks][r];
         } else {
-          ldmatrix_x4(qa[mt], q_tile + swizzled<kHead>(row0 + mt * 16 + lane % 16,
-                                                       ks * 2 + lane / 16));
+          load_a<kHead>(qa[mt], q_tile, row0 + mt * 16, ks, lane);
         }
       }
 #pragma unroll
       for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
         uint32_t kb[4];
-        ldmatrix_x4(kb, k_tile + swizzled<kHead>(np * 16 + lane % 8 + (lane / 16) * 8,
-                                                 ks * 2 + (lane / 8) % 2));
-        const uint32_t b0[2] = {kb[0], kb[1]}, b1[2] = {kb[2], kb[3]};
+        load_b_of_rows<kHead>(kb, k_tile, np * 16, ks, lane);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(s[mt][2 * np], qa[mt], b0);
-          mma_m16n8k16<T>(s[mt][2 * np + 1], qa[mt], b1);
-        }
+        for (int mt = 0; mt < kMT; ++mt) mma_pair<T>(s[mt][2 * np], s[mt][2 * np + 1], qa[mt], kb);
       }
     }
 
@@ -289,23 +341,13 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
       uint32_t pa[kMT][4];
 #pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        pa[mt][0] = pack_rn<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack_rn<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack_rn<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack_rn<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kMT; ++mt) accumulators_as_a<T>(pa[mt], s[mt][2 * kk], s[mt][2 * kk + 1]);
 #pragma unroll
       for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
         uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_tile + swizzled<kHead>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                                       np * 2 + lane / 16));
-        const uint32_t b0[2] = {vb[0], vb[1]}, b1[2] = {vb[2], vb[3]};
+        load_b_of_columns<kHead>(vb, v_tile, kk, np, lane);
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          mma_m16n8k16<T>(o[mt][2 * np], pa[mt], b0);
-          mma_m16n8k16<T>(o[mt][2 * np + 1], pa[mt], b1);
-        }
+        for (int mt = 0; mt < kMT; ++mt) mma_pair<T>(o[mt][2 * np], o[mt][2 * np + 1], pa[mt], vb);
       }
     }
   }
@@ -330,8 +372,8 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + mt * 16 + g + 8 * h, col = n * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(q_tile + swizzled<kHead>(r, col / 8) + (col % 8) * 2) =
-            pack_rn<T>(o[mt][n][2 * h] * inv_sum[h], o[mt][n][2 * h + 1] * inv_sum[h]);
+        store_pair<kHead>(q_tile, r, col,
+                          pack_rn<T>(o[mt][n][2 * h] * inv_sum[h], o[mt][n][2 * h + 1] * inv_sum[h]));
       }
     }
     if (t == 0) {
@@ -385,47 +427,6 @@ struct FlashBackwardTiles {
   static constexpr int kRowTermsOffset = kDsOffset + 64 * 64 * 2;
   static constexpr int kSharedBytes = kRowTermsOffset + 2 * 64 * 2 * 4;
 };
-
-// Loads the A fragments (16 rows of a swizzled [64, kHead] tile from row0, k-step ks).
-template <int kHead>
-ATTNLAB_DEVICE void row_fragment(uint32_t (&a)[4], const unsigned char* tile, int row0, int ks,
-                                 int lane) {
-  ldmatrix_x4(a, tile + swizzled<kHead>(row0 + lane % 16, ks * 2 + lane / 16));
-}
-
-// acc[2np], acc[2np + 1] += A·Bᵀ where B's rows (16 of them from row0 = 16·np) are rows of a
-// swizzled [64, kHead] tile: the "K" operand of S = Q·Kᵀ.
-template <typename T, int kHead>
-ATTNLAB_DEVICE void mma_rows_transposed(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4],
-                                        const unsigned char* tile, int row0, int ks, int lane) {
-  uint32_t r[4];
-  ldmatrix_x4(r, tile + swizzled<kHead>(row0 + lane % 8 + (lane / 16) * 8, ks * 2 + (lane / 8) % 2));
-  const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-  mma_m16n8k16<T>(acc0, a, b0);
-  mma_m16n8k16<T>(acc1, a, b1);
-}
-
-// acc[2np], acc[2np + 1] += A·B where B (k = 16 rows from 16·kk, n = columns 16·np ..) is a
-// swizzled tile with kCols 16-bit columns: the "V" operand of O = P·V.
-template <typename T, int kCols>
-ATTNLAB_DEVICE void mma_rows(float (&acc0)[4], float (&acc1)[4], const uint32_t (&a)[4],
-                             const unsigned char* tile, int kk, int np, int lane) {
-  uint32_t r[4];
-  ldmatrix_x4_trans(r, tile + swizzled<kCols>(kk * 16 + lane % 8 + ((lane / 8) % 2) * 8,
-                                              np * 2 + lane / 16));
-  const uint32_t b0[2] = {r[0], r[1]}, b1[2] = {r[2], r[3]};
-  mma_m16n8k16<T>(acc0, a, b0);
-  mma_m16n8k16<T>(acc1, a, b1);
-}
-
-// The accumulators of two adjacent 16 × 8 tiles as the A operand of a k-step (rounded to T).
-template <typename T>
-ATTNLAB_DEVICE void accumulators_as_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
-  a[0] = pack_rn<T>(lo[0], lo[1]);
-  a[1] = pack_rn<T>(lo[2], lo[3]);
-  a[2] = pack_rn<T>(hi[0], hi[1]);
-  a[3] = pack_rn<T>(hi[2], hi[3]);
-}
 
 template <typename T, int kHead>
 ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
@@ -519,13 +520,15 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
 #pragma unroll
     for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
       uint32_t ka[4], va[4];
-      row_fragment<kHead>(ka, k_tile, warp * 16, ks, lane);
-      row_fragment<kHead>(va, v_tile, warp * 16, ks, lane);
+      load_a<kHead>(ka, k_tile, warp * 16, ks, lane);
+      load_a<kHead>(va, v_tile, warp * 16, ks, lane);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
-        mma_rows_transposed<T, kHead>(st[2 * np], st[2 * np + 1], ka, q_tile, np * 16, ks, lane);
-        mma_rows_transposed<T, kHead>(dpt[2 * np], dpt[2 * np + 1], va, do_tile, np * 16, ks,
-                                      lane);
+        uint32_t qb[4], dob[4];
+        load_b_of_rows<kHead>(qb, q_tile, np * 16, ks, lane);
+        load_b_of_rows<kHead>(dob, do_tile, np * 16, ks, lane);
+        mma_pair<T>(st[2 * np], st[2 * np + 1], ka, qb);
+        mma_pair<T>(dpt[2 * np], dpt[2 * np + 1], va, dob);
       }
     }
 
@@ -557,8 +560,11 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
       accumulators_as_a<T>(dsa, dpt[2 * kk], dpt[2 * kk + 1]);
 #pragma unroll
       for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
-        mma_rows<T, kHead>(dv[2 * np], dv[2 * np + 1], pa, do_tile, kk, np, lane);
-        mma_rows<T, kHead>(dk[2 * np], dk[2 * np + 1], dsa, q_tile, kk, np, lane);
+        uint32_t dob[4], qb[4];
+        load_b_of_columns<kHead>(dob, do_tile, kk, np, lane);
+        load_b_of_columns<kHead>(qb, q_tile, kk, np, lane);
+        mma_pair<T>(dv[2 * np], dv[2 * np + 1], pa, dob);
+        mma_pair<T>(dk[2 * np], dk[2 * np + 1], dsa, qb);
       }
     }
 
@@ -568,8 +574,7 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = warp * 16 + g + 8 * h, col = n * 8 + 2 * t;
-        *reinterpret_cast<uint32_t*>(ds_tile + swizzled<64>(r, col / 8) + (col % 8) * 2) =
-            pack_rn<T>(dpt[n][2 * h], dpt[n][2 * h + 1]);
+        store_pair<64>(ds_tile, r, col, pack_rn<T>(dpt[n][2 * h], dpt[n][2 * h + 1]));
       }
     }
     block_sync();
@@ -587,11 +592,12 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
         uint32_t dsa[4];
-        ldmatrix_x4_trans(dsa, ds_tile + swizzled<64>(kk * 16 + lane % 8 + (lane / 16) * 8,
-                                                      warp * 2 + (lane / 8) % 2));
+        load_a_transposed<64>(dsa, ds_tile, kk, warp * 16, lane);
 #pragma unroll
         for (int np = 0; np < 4; ++np) {
-          mma_rows<T, kHead>(dq[2 * np], dq[2 * np + 1], dsa, k_tile, kk, part * 4 + np, lane);
+          uint32_t kb[4];
+          load_b_of_columns<kHead>(kb, k_tile, kk, part * 4 + np, lane);
+          mma_pair<T>(dq[2 * np], dq[2 * np + 1], dsa, kb);
         }
       }
 #pragma unroll
@@ -666,10 +672,7 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
                          const float* logsumexp, float* delta, float* grad_query_accum,
                          T* grad_query, T* grad_key, T* grad_value, cudaStream_t stream) {
   using Tiles = detail::FlashTiles<kHead>;
-  constexpr int kDeltaRowsPerBlock = 8;
-  detail::launch(detail::softmax_delta_kernel<T>,
-                 detail::ceil_div(p.batch * p.len_q, kDeltaRowsPerBlock), kDeltaRowsPerBlock * 32,
-                 0, stream, p, grad_output, output, delta);
+  detail::launch_softmax_delta(p, grad_output, output, delta, stream);
   detail::launch(detail::sdpa_flash_backward_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_k, Tiles::kBlockN), Tiles::kThreads,
                  detail::FlashBackwardTiles<kHead>::kSharedBytes, stream, p, grad_output,

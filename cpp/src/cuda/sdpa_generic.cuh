@@ -389,10 +389,7 @@ void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, const
                    const float* logsumexp, float* delta, T* grad_query, T* grad_key,
                    T* grad_value, float* grad_mask, cudaStream_t stream) {
   using Tiles = detail::GenericTiles<kHead>;
-  constexpr int kDeltaRowsPerBlock = 8;
-  detail::launch(detail::softmax_delta_kernel<T>,
-                 detail::ceil_div(p.batch * p.len_q, kDeltaRowsPerBlock), kDeltaRowsPerBlock * 32,
-                 0, stream, p, grad_output, output, delta);
+  detail::launch_softmax_delta(p, grad_output, output, delta, stream);
   constexpr size_t smem = Tiles::kBackwardSharedBytes;
   detail::launch(detail::sdpa_grad_query_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads, smem, stream,

@@ -72,6 +72,7 @@ namespace attnlab::cuda::emulation {
 
 // ---- 16-bit floating point conversions ------------------------------------------------------
 
+template <>
 uint16_t half::from_float(float x) {
   const uint32_t f = std::bit_cast<uint32_t>(x);
   const uint16_t sign = static_cast<uint16_t>((f >> 16) & 0x8000u);
@@ -102,6 +103,7 @@ uint16_t half::from_float(float x) {
   return static_cast<uint16_t>(sign | m);
 }
 
+template <>
 float half::to_float(uint16_t b) {
   const uint32_t sign = static_cast<uint32_t>(b & 0x8000u) << 16;
   const uint32_t exponent = (b >> 10) & 0x1fu;
@@ -116,6 +118,7 @@ float half::to_float(uint16_t b) {
   return std::bit_cast<float>(sign | ((exponent - 15u + 127u) << 23) | (mantissa << 13));
 }
 
+template <>
 uint16_t bfloat16::from_float(float x) {
   const uint32_t f = std::bit_cast<uint32_t>(x);
   if ((f & 0x7fffffffu) > 0x7f800000u) {  // NaN: quiet it, keep the sign and top payload
@@ -125,6 +128,7 @@ uint16_t bfloat16::from_float(float x) {
   return static_cast<uint16_t>(rounded >> 16);
 }
 
+template <>
 float bfloat16::to_float(uint16_t b) {
   return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
 }

@@ -71,18 +71,24 @@
 
 namespace attnlab::cuda::emulation {
 
-// IEEE 754 binary16 (what __half and torch.float16 hold). A storage type: convert to float to
-// compute. Conversions from float round to nearest even, with overflow to ±inf, subnormals
-// and NaN (quiet, payload kept where it fits) handled.
-struct half {
+// The two 16-bit floating-point formats of the kernels, as storage types: convert to float to
+// compute. Conversions from float round to nearest even.
+//   kHalf: IEEE 754 binary16 (what __half and torch.float16 hold), with overflow to ±inf,
+//     subnormals and NaN (quiet, payload kept where it fits) handled.
+//   kBfloat16: the upper half of a float32 (what __nv_bfloat16 and torch.bfloat16 hold); NaN
+//     stays a (quiet) NaN.
+enum class Format16 { kHalf, kBfloat16 };
+
+template <Format16 kFormat>
+struct Float16 {
   uint16_t bits;
 
-  half() = default;
-  explicit half(float x) : bits(from_float(x)) {}
+  Float16() = default;
+  explicit Float16(float x) : bits(from_float(x)) {}
   explicit operator float() const { return to_float(bits); }
   // The value with these 16 bits.
-  static half from_bits(uint16_t b) {
-    half h;
+  static Float16 from_bits(uint16_t b) {
+    Float16 h;
     h.bits = b;
     return h;
   }
@@ -92,25 +98,13 @@ struct half {
   static float to_float(uint16_t b);
 };
 
-// bfloat16, the upper half of a float32 (what __nv_bfloat16 and torch.bfloat16 hold).
-// Conversions from float round to nearest even; NaN stays a (quiet) NaN.
-struct bfloat16 {
-  uint16_t bits;
+using half = Float16<Format16::kHalf>;
+using bfloat16 = Float16<Format16::kBfloat16>;
 
-  bfloat16() = default;
-  explicit bfloat16(float x) : bits(from_float(x)) {}
-  explicit operator float() const { return to_float(bits); }
-  // The value with these 16 bits.
-  static bfloat16 from_bits(uint16_t b) {
-    bfloat16 h;
-    h.bits = b;
-    return h;
-  }
-  // The bits of x rounded to this type (to nearest even).
-  static uint16_t from_float(float x);
-  // The value of these bits, exactly, as a float.
-  static float to_float(uint16_t b);
-};
+template <> uint16_t half::from_float(float x);
+template <> float half::to_float(uint16_t b);
+template <> uint16_t bfloat16::from_float(float x);
+template <> float bfloat16::to_float(uint16_t b);
 
 // Same size and bits as __half / __nv_bfloat16 / c10::Half / c10::BFloat16: buffers of those
 // can be reinterpreted as these.

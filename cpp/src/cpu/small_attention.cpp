@@ -17,74 +17,44 @@
 namespace attnlab::cpu {
 namespace {
 
-// The multiply-add loops take rows in passes of eight: eight independent accumulator chains
-// (one per row) cover the FMA latency twice over, and each key or value vector loaded serves
-// eight rows.
+// The forward holds a group of up to L query rows in the lanes of a vector: one vector per key
+// carries that key's score for every row of the group. The softmax over the keys is then a run
+// of whole-vector operations with no reductions across lanes (the row-per-vector layout needed
+// two lane-tree reductions per row, the maxima and the sums, which cost as much as a third of
+// the multiply-adds). The scores come from Qᵀ (in-register transposes) against K's elements,
+// the log-sum-exps of the group are one vector, and P·V broadcasts each P[i, j] from the stored
+// Pᵀ, so only the weights (when asked for) are transposed back to rows.
 
-// s[i] = Σ_e q[i, e]·kt[e] for the NR rows of q from first (rows past last repeat it: finite
-// padding), one accumulator chain per row.
-template <typename T, int NR>
-ATTNLAB_INLINE void scores_pass(const T* q, int64_t ldq, int64_t first, int64_t last,
-                                const Vec<T>* kt, int64_t dim_qk, Vec<T>* s) {
-  constexpr int64_t L = kLanes<T>;
-  // The rows copied to the stack, where one register addresses all of them (eight row
-  // pointers did not fit in registers next to the rest of the kernel and were reloaded).
-  alignas(64) T qs[NR][kSmallAttentionMaxDim];
-  for (int64_t i = 0; i < NR; ++i) {
-    const T* row = q + std::min(first + i, last) * ldq;
-    for (int64_t e = 0; e < dim_qk; e += L) {
-      store_part(qs[i] + e, load_part(row + e, std::min(L, dim_qk - e)), L);
-    }
-  }
-  Vec<T> acc[NR];
-  for (int64_t i = 0; i < NR; ++i) acc[i] = Vec<T>{};
+// st[t] = Σ_e ks[j0 + t][e]·qt[e] for the NK keys from j0 of the stack copy ks (zero rows past
+// the last key), one accumulator chain per key: each Qᵀ vector loaded serves NK keys, and the
+// key elements are broadcast from memory at constant offsets of one base register.
+template <typename T, int NK>
+ATTNLAB_INLINE void key_scores_pass(const Vec<T>* qt, int64_t dim_qk, const T* k, int64_t ldk,
+                                    int64_t j0, int64_t last, Vec<T>* st) {
+  const T* key[NK];
+  for (int t = 0; t < NK; ++t) key[t] = k + std::min<int64_t>(j0 + t, last) * ldk;
+  Vec<T> acc[NK];
+  for (int t = 0; t < NK; ++t) acc[t] = Vec<T>{};
   for (int64_t e = 0; e < dim_qk; ++e) {
-    const Vec<T> key = kt[e];
-    for (int64_t i = 0; i < NR; ++i) acc[i] += qs[i][e] * key;
+    const Vec<T> qe = qt[e];
+    for (int t = 0; t < NK; ++t) acc[t] += key[t][e] * qe;
   }
-  for (int64_t i = 0; i < NR; ++i) s[i] = acc[i];
+  for (int t = 0; t < NK; ++t) st[j0 + t] = acc[t];
 }
 
-// out[i, c·L : (c + NC)·L] = Σ_j p[i][j]·vp[j·value_vectors + c + t] for the first n_rows <= NR
-// rows of p (the others are computed from finite padding and not stored).
-template <typename T, int NR, int NC>
-ATTNLAB_INLINE void probs_times_values(const T (*p)[kLanes<T>], int64_t n_rows, int64_t len_k,
-                                       const Vec<T>* vp, int64_t value_vectors, int64_t c,
-                                       int64_t dim_v, T* out) {
-  constexpr int64_t L = kLanes<T>;
-  Vec<T> acc[NR][NC];
-  for (int64_t i = 0; i < NR; ++i) {
-    for (int t = 0; t < NC; ++t) acc[i][t] = Vec<T>{};  // (`= {}` became a `rep stos`)
-  }
+// ot[c + t] = Σ_j v[j, c + t]·pt[j] for the NC value columns from c: column c + t of the
+// group's output rows, one row per lane, with V's elements broadcast from memory.
+template <typename T, int NC>
+ATTNLAB_INLINE void values_pass(const Vec<T>* pt, int64_t len_k, const T* v, int64_t ldv,
+                                int64_t c, Vec<T>* ot) {
+  Vec<T> acc[NC];
+  for (int t = 0; t < NC; ++t) acc[t] = Vec<T>{};  // (`= {}` became a `rep stos`)
   for (int64_t j = 0; j < len_k; ++j) {
-    Vec<T> value[NC];
-    for (int t = 0; t < NC; ++t) value[t] = vp[j * value_vectors + c + t];
-    for (int64_t i = 0; i < NR; ++i) {
-      const T pij = p[i][j];
-      for (int t = 0; t < NC; ++t) acc[i][t] += pij * value[t];
-    }
+    const Vec<T> p = pt[j];
+    const T* row = v + j * ldv + c;
+    for (int t = 0; t < NC; ++t) acc[t] += row[t] * p;
   }
-  // Over the constant NR with a guard: a variable trip count kept the accumulators in memory.
-  for (int64_t i = 0; i < NR; ++i) {
-    if (i >= n_rows) break;
-    for (int t = 0; t < NC; ++t) {
-      store_part(out + i * dim_v + (c + t) * L, acc[i][t], std::min(L, dim_v - (c + t) * L));
-    }
-  }
-}
-
-// P·V for the rows of p from i0, NR of them (n_rows stored), two value vectors at a time.
-template <typename T, int NR>
-ATTNLAB_INLINE void probs_times_values_rows(const T (*p)[kLanes<T>], int64_t n_rows,
-                                            int64_t len_k, const Vec<T>* vp,
-                                            int64_t value_vectors, int64_t dim_v, T* out) {
-  int64_t c = 0;
-  for (; c + 2 <= value_vectors; c += 2) {
-    probs_times_values<T, NR, 2>(p, n_rows, len_k, vp, value_vectors, c, dim_v, out);
-  }
-  if (c < value_vectors) {
-    probs_times_values<T, NR, 1>(p, n_rows, len_k, vp, value_vectors, c, dim_v, out);
-  }
+  for (int t = 0; t < NC; ++t) ot[c + t] = acc[t];
 }
 
 template <typename T>
@@ -98,91 +68,89 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
   static_assert(L % 8 == 0);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
-  // kt[e]: feature e of every key, one key per lane (Kᵀ by in-register transposes).
-  alignas(64) Vec<T> kt[kSmallAttentionMaxDim];
-  transpose_rows(k, ldk, len_k, dim_qk, kt);
-  // vp[j·value_vectors + c]: value row j in whole vectors, zero-padded.
-  const int64_t value_vectors = (dim_v + L - 1) / L;
-  alignas(64) Vec<T> vp[kSmallAttentionMaxDim];  // len_k·value_vectors <= L·(256 / L)
-  for (int64_t j = 0; j < len_k; ++j) row_vectors(v + j * ldv, dim_v, vp + j * value_vectors);
+  // Keys in passes of eight (four for a last pass of at most four keys), padded up to
+  // padded_keys with zero rows whose scores are never read.
+  int64_t padded_keys = 0;
+  while (padded_keys < len_k) padded_keys += len_k - padded_keys > 4 ? 8 : 4;
   Vec<T> lane = {};
   for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
   const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
-  const auto sum_op = [](Vec<T> a, Vec<T> b) { return a + b; };
 
-  // Up to L rows at a time: scores, then the softmax of all of them with the per-row steps in
-  // straight loops (no calls or early exits, so the rows' reductions and exponentials overlap)
-  // and the maxima, sums, reciprocals and logs as one vector each, then P·V.
   for (int64_t r0 = 0; r0 < rows; r0 += L) {
     const int64_t group = std::min(L, rows - r0);
-    // Rows in passes of eight (four for a last pass of at most four rows), padded up to
-    // `padded`; rows past the group hold finite padding that is never stored.
-    alignas(64) Vec<T> s[L];
-    int64_t padded = 0;
-    for (; padded < group; padded += group - padded > 4 ? 8 : 4) {
-      if (group - padded > 4) {
-        scores_pass<T, 8>(q, ldq, r0 + padded, r0 + group - 1, kt, dim_qk, s + padded);
+    // qt[e]: feature e of the group's rows, one row per lane (zeros past the group).
+    alignas(64) Vec<T> qt[kSmallAttentionMaxDim];
+    transpose_rows(q + r0 * ldq, ldq, group, dim_qk, qt);
+    alignas(64) Vec<T> st[L];
+    for (int64_t j0 = 0; j0 < padded_keys; j0 += padded_keys - j0 > 4 ? 8 : 4) {
+      if (padded_keys - j0 > 4) {
+        key_scores_pass<T, 8>(qt, dim_qk, k, ldk, j0, len_k - 1, st);
       } else {
-        scores_pass<T, 4>(q, ldq, r0 + padded, r0 + group - 1, kt, dim_qk, s + padded);
+        key_scores_pass<T, 4>(qt, dim_qk, k, ldk, j0, len_k - 1, st);
       }
     }
-    alignas(64) T row_max[L] = {};
-    for (int64_t i = 0; i < padded; ++i) {
-      Vec<T> si = s[i] * scale;
-      if (mask && i < group) {
-        // A −inf mask entry hides the key whatever its score (NaN included).
-        const Vec<T> m = load_part(mask + (r0 + i) * mask_ld, len_k);
-        si = m == kNegInf ? kNegInf : si + m;
-      }
-      const int64_t visible = std::clamp<int64_t>(visible_base + r0 + i, 0, len_k);
-      si = lane < static_cast<T>(visible) ? si : kNegInf;
-      s[i] = si;
+    // The mask as Qᵀ: mt[j] holds key j's mask entry of every row.
+    alignas(64) Vec<T> mt[L];
+    if (mask) transpose_rows(mask + r0 * mask_ld, mask_ld, group, len_k, mt);
+    // Lane i sees keys j < visible[i] (clamped: only j < len_k are ever compared).
+    const Vec<T> visible =
+        lane + static_cast<T>(std::clamp<int64_t>(visible_base + r0, -L, len_k));
+    Vec<T> maxima = Vec<T>{} + kNegInf;
+    for (int64_t j = 0; j < len_k; ++j) {
+      Vec<T> s = st[j] * scale;
+      // A −inf mask entry hides the key whatever its score (NaN included).
+      if (mask) s = mt[j] == kNegInf ? kNegInf : s + mt[j];
+      s = static_cast<T>(j) < visible ? s : kNegInf;
+      st[j] = s;
       // The max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
-      row_max[i] = reduce_lanes<T>(si == si ? si : kNegInf, max_op);
+      maxima = s > maxima ? s : maxima;
     }
-    Vec<T> maxima;
-    std::memcpy(&maxima, row_max, sizeof(maxima));
     // Rows that see no key (max −inf) are finished apart below; 0 keeps their arithmetic quiet.
     const Vec<T> shift = maxima == kNegInf ? T(0) : maxima;
-    alignas(64) T row_sum[L];
-    std::fill(row_sum + padded, row_sum + L, T(1));
-    for (int64_t i = 0; i < padded; ++i) {
-      s[i] = exp_nonpositive_vec(s[i] - shift[i]);
-      row_sum[i] = reduce_lanes<T>(s[i], sum_op);
+    Vec<T> sums = {};
+    for (int64_t j = 0; j < len_k; ++j) {
+      st[j] = exp_nonpositive_vec(st[j] - shift);
+      sums += st[j];
     }
-    Vec<T> sums;
-    std::memcpy(&sums, row_sum, sizeof(sums));
     const Vec<T> inv_sums = T(1) / sums;
-    const Vec<T> row_lse = maxima + log_positive_vec(sums);
-    store_part(lse + r0, row_lse, group);
-    alignas(64) T p[L][L];
-    for (int64_t i = 0; i < padded; ++i) {
-      const Vec<T> pi = s[i] * inv_sums[i];
-      std::memcpy(p[i], &pi, sizeof(pi));
-      if (weights && i < group) store_part(weights + (r0 + i) * ld_weights, pi, len_k);
+    store_part(lse + r0, maxima + log_positive_vec(sums), group);
+    // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
+    alignas(64) Vec<T> pt[L];
+    for (int64_t j = 0; j < L; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
+    // Oᵀ in passes of 16 columns (then 8, 4 and 1), transposed back to rows L columns at a time.
+    alignas(64) Vec<T> ot[kSmallAttentionMaxDim];
+    int64_t c = 0;
+    for (; c + 16 <= dim_v; c += 16) values_pass<T, 16>(pt, len_k, v, ldv, c, ot);
+    for (; c + 8 <= dim_v; c += 8) values_pass<T, 8>(pt, len_k, v, ldv, c, ot);
+    for (; c + 4 <= dim_v; c += 4) values_pass<T, 4>(pt, len_k, v, ldv, c, ot);
+    for (; c < dim_v; ++c) values_pass<T, 1>(pt, len_k, v, ldv, c, ot);
+    for (int64_t c0 = 0; c0 < dim_v; c0 += L) {
+      Vec<T>* block = ot + c0;
+      transpose_block<T>(block);
+      const int64_t n = std::min(L, dim_v - c0);
+      for (int64_t i = 0; i < group; ++i) store_part(out + (r0 + i) * dim_v + c0, block[i], n);
     }
-    for (int64_t i0 = 0; i0 < group; i0 += 8) {
-      const int64_t n_rows = std::min<int64_t>(8, group - i0);
-      T* o = out + (r0 + i0) * dim_v;
-      if (n_rows > 4) {
-        probs_times_values_rows<T, 8>(p + i0, n_rows, len_k, vp, value_vectors, dim_v, o);
-      } else {
-        probs_times_values_rows<T, 4>(p + i0, n_rows, len_k, vp, value_vectors, dim_v, o);
+    if (weights) {
+      transpose_block<T>(pt);
+      for (int64_t i = 0; i < group; ++i) {
+        store_part(weights + (r0 + i) * ld_weights, pt[i], len_k);
       }
     }
-    // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN.
+    // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
+    // (its sum is then NaN, and 0 otherwise).
+    const Vec<T> unseen = (maxima == kNegInf) & (lane < static_cast<T>(group)) ? T(1) : T(0);
+    if (reduce_lanes<T>(unseen, max_op) == T(0)) continue;
     for (int64_t i = 0; i < group; ++i) {
-      if (row_max[i] != kNegInf) continue;
+      if (unseen[i] == T(0)) continue;
       const int64_t r = r0 + i;
-      const int64_t visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
-      // s[i] now holds exp(score): NaN exactly where the masked score was NaN.
-      const bool has_nan = reduce_lanes<T>(s[i] != s[i] ? Vec<T>{} + 1 : Vec<T>{}, max_op) > 0;
+      const int64_t n_visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
+      const bool has_nan = sums[i] != sums[i];
       std::fill(out + r * dim_v, out + (r + 1) * dim_v, has_nan ? kNaN : T(0));
       lse[r] = has_nan ? kNaN : kNegInf;
       if (weights) {
-        T* w = weights + r * ld_weights;
-        std::fill(w, w + len_k, T(0));
-        if (has_nan) std::fill(w, w + visible, kNaN);
+        T* wr = weights + r * ld_weights;
+        std::fill(wr, wr + len_k, T(0));
+        if (has_nan) std::fill(wr, wr + n_visible, kNaN);
       }
     }
   }

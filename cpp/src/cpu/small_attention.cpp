@@ -57,6 +57,61 @@ ATTNLAB_INLINE void values_pass(const Vec<T>* pt, int64_t len_k, const T* v, int
   for (int t = 0; t < NC; ++t) ot[c + t] = acc[t];
 }
 
+// st[j] = Σ_e k[j, e]·qt[e] for every key j < len_k: passes of eight keys (four for a last
+// pass of at most four); st has room for L vectors.
+template <typename T>
+ATTNLAB_INLINE void key_scores(const Vec<T>* qt, int64_t dim, const T* k, int64_t ldk,
+                               int64_t len_k, Vec<T>* st) {
+  for (int64_t j0 = 0; j0 < len_k; j0 += len_k - j0 > 4 ? 8 : 4) {
+    if (len_k - j0 > 4) {
+      key_scores_pass<T, 8>(qt, dim, k, ldk, j0, len_k - 1, st);
+    } else {
+      key_scores_pass<T, 4>(qt, dim, k, ldk, j0, len_k - 1, st);
+    }
+  }
+}
+
+// out[i, :] = Σ_j pt[j][i]·v[j, :] for the first `group` rows (row stride ld_out): Oᵀ in passes
+// of 16 columns (then 8, 4 and 1), transposed back to rows L columns at a time.
+template <typename T>
+ATTNLAB_INLINE void weighted_rows(const Vec<T>* pt, int64_t len_k, const T* v, int64_t ldv,
+                                  int64_t dim_v, int64_t group, T* out, int64_t ld_out) {
+  constexpr int64_t L = kLanes<T>;
+  alignas(64) Vec<T> ot[kSmallAttentionMaxDim];
+  int64_t c = 0;
+  for (; c + 16 <= dim_v; c += 16) values_pass<T, 16>(pt, len_k, v, ldv, c, ot);
+  for (; c + 8 <= dim_v; c += 8) values_pass<T, 8>(pt, len_k, v, ldv, c, ot);
+  for (; c + 4 <= dim_v; c += 4) values_pass<T, 4>(pt, len_k, v, ldv, c, ot);
+  for (; c < dim_v; ++c) values_pass<T, 1>(pt, len_k, v, ldv, c, ot);
+  for (int64_t c0 = 0; c0 < dim_v; c0 += L) {
+    Vec<T>* block = ot + c0;
+    transpose_block<T>(block);
+    const int64_t n = std::min(L, dim_v - c0);
+    for (int64_t i = 0; i < group; ++i) store_part(out + i * ld_out + c0, block[i], n);
+  }
+}
+
+// The first `group` rows of the L vectors x (one per key, rows in lanes) as rows of len_k
+// values (stride ld): the transposes back of the weights, dS and dP.
+template <typename T>
+ATTNLAB_INLINE void store_key_vectors_as_rows(const Vec<T>* x, int64_t len_k, int64_t group,
+                                              T* dst, int64_t ld) {
+  alignas(64) Vec<T> block[kLanes<T>];
+  std::memcpy(block, x, sizeof(block));
+  transpose_block<T>(block);
+  for (int64_t i = 0; i < group; ++i) store_part(dst + i * ld, block[i], len_k);
+}
+
+// Lane i of a group from row r0 sees the keys j < result[i], for a causal limit
+// clamp(visible_base + r0 + i, 0, len_k) (clamped loosely: only j < len_k are compared).
+template <typename T>
+ATTNLAB_INLINE Vec<T> visible_keys(int64_t visible_base, int64_t r0, int64_t len_k) {
+  constexpr int64_t L = kLanes<T>;
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
+  return lane + static_cast<T>(std::clamp<int64_t>(visible_base + r0, -L, len_k));
+}
+
 template <typename T>
 ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64_t dim_qk,
                                               int64_t dim_v, const T* q, int64_t ldq,
@@ -68,10 +123,6 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
   static_assert(L % 8 == 0);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
-  // Keys in passes of eight (four for a last pass of at most four keys), padded up to
-  // padded_keys with zero rows whose scores are never read.
-  int64_t padded_keys = 0;
-  while (padded_keys < len_k) padded_keys += len_k - padded_keys > 4 ? 8 : 4;
   Vec<T> lane = {};
   for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
   const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
@@ -82,19 +133,11 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     alignas(64) Vec<T> qt[kSmallAttentionMaxDim];
     transpose_rows(q + r0 * ldq, ldq, group, dim_qk, qt);
     alignas(64) Vec<T> st[L];
-    for (int64_t j0 = 0; j0 < padded_keys; j0 += padded_keys - j0 > 4 ? 8 : 4) {
-      if (padded_keys - j0 > 4) {
-        key_scores_pass<T, 8>(qt, dim_qk, k, ldk, j0, len_k - 1, st);
-      } else {
-        key_scores_pass<T, 4>(qt, dim_qk, k, ldk, j0, len_k - 1, st);
-      }
-    }
+    key_scores(qt, dim_qk, k, ldk, len_k, st);
     // The mask as Qᵀ: mt[j] holds key j's mask entry of every row.
     alignas(64) Vec<T> mt[L];
     if (mask) transpose_rows(mask + r0 * mask_ld, mask_ld, group, len_k, mt);
-    // Lane i sees keys j < visible[i] (clamped: only j < len_k are ever compared).
-    const Vec<T> visible =
-        lane + static_cast<T>(std::clamp<int64_t>(visible_base + r0, -L, len_k));
+    const Vec<T> visible = visible_keys<T>(visible_base, r0, len_k);
     Vec<T> maxima = Vec<T>{} + kNegInf;
     for (int64_t j = 0; j < len_k; ++j) {
       Vec<T> s = st[j] * scale;
@@ -117,25 +160,8 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
     alignas(64) Vec<T> pt[L];
     for (int64_t j = 0; j < L; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
-    // Oᵀ in passes of 16 columns (then 8, 4 and 1), transposed back to rows L columns at a time.
-    alignas(64) Vec<T> ot[kSmallAttentionMaxDim];
-    int64_t c = 0;
-    for (; c + 16 <= dim_v; c += 16) values_pass<T, 16>(pt, len_k, v, ldv, c, ot);
-    for (; c + 8 <= dim_v; c += 8) values_pass<T, 8>(pt, len_k, v, ldv, c, ot);
-    for (; c + 4 <= dim_v; c += 4) values_pass<T, 4>(pt, len_k, v, ldv, c, ot);
-    for (; c < dim_v; ++c) values_pass<T, 1>(pt, len_k, v, ldv, c, ot);
-    for (int64_t c0 = 0; c0 < dim_v; c0 += L) {
-      Vec<T>* block = ot + c0;
-      transpose_block<T>(block);
-      const int64_t n = std::min(L, dim_v - c0);
-      for (int64_t i = 0; i < group; ++i) store_part(out + (r0 + i) * dim_v + c0, block[i], n);
-    }
-    if (weights) {
-      transpose_block<T>(pt);
-      for (int64_t i = 0; i < group; ++i) {
-        store_part(weights + (r0 + i) * ld_weights, pt[i], len_k);
-      }
-    }
+    weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * dim_v, dim_v);
+    if (weights) store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
     // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
     // (its sum is then NaN, and 0 otherwise).
     const Vec<T> unseen = (maxima == kNegInf) & (lane < static_cast<T>(group)) ? T(1) : T(0);
@@ -156,96 +182,10 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
   }
 }
 
-// What small_attention_backward_impl's row groups read and write.
-template <typename T>
-struct SmallBackwardRows {
-  int64_t len_q, len_k, dim_qk, dim_v;
-  const T* q;
-  int64_t ldq;
-  const T* mask;
-  int64_t mask_ld, visible_base;
-  T scale;
-  const T* dout;
-  int64_t ld_dout;
-  const T *lse, *delta, *probs;
-  T *dq, *dmask, *dweights;
-  const Vec<T>*kt, *vt, *kp;  // Kᵀ, Vᵀ and K's rows as vectors
-  T (*ds_all)[kLanes<T>];     // dS and P of every row
-  T (*p_all)[kLanes<T>];
-};
-
-// Rows r0 .. r0 + kGroup of the small backward (those past len_q repeat the last row and are
-// not stored): P, dP = dO·Vᵀ, dS = P ⊙ (dP − delta) and dQ = scale·dS·K, one accumulator
-// chain per row. A function templated on the group size: a templated lambda in its place made
-// the backward four times slower (most likely because a lambda inside an ISA clone is a
-// function of its own, without the clone's instruction set, that GCC did not inline).
-template <typename T, int64_t kGroup>
-ATTNLAB_INLINE void small_backward_row_group(const SmallBackwardRows<T>& st, int64_t r0) {
-  constexpr int64_t L = kLanes<T>;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  const int64_t len_q = st.len_q, len_k = st.len_k, dim_qk = st.dim_qk, dim_v = st.dim_v;
-  const int64_t ldq = st.ldq, mask_ld = st.mask_ld, visible_base = st.visible_base;
-  const int64_t ld_dout = st.ld_dout;
-  const T scale = st.scale;
-  const T *q = st.q, *mask = st.mask, *dout = st.dout, *lse = st.lse, *delta = st.delta;
-  const T* probs = st.probs;
-  T *dq = st.dq, *dmask = st.dmask, *dweights = st.dweights;
-  const Vec<T>*kt = st.kt, *vt = st.vt, *kp = st.kp;
-  T(*ds_all)[L] = st.ds_all;
-  T(*p_all)[L] = st.p_all;
-  Vec<T> lane = {};
-  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
-  const int64_t group = std::min(kGroup, len_q - r0);
-  const T* qr[kGroup];
-  const T* dor[kGroup];
-  for (int64_t i = 0; i < kGroup; ++i) {
-    const int64_t r = std::min(r0 + i, len_q - 1);
-    qr[i] = q + r * ldq;
-    dor[i] = dout + r * ld_dout;
-  }
-  // P: the forward's, or exp(scale·q·kᵀ + mask − lse) on the visible keys.
-  Vec<T> prob[kGroup];
-  if (probs) {
-    for (int64_t i = 0; i < kGroup; ++i) {
-      prob[i] = load_part(probs + std::min(r0 + i, len_q - 1) * len_k, len_k);
-    }
-  } else {
-    Vec<T> s[kGroup];
-    group_row_products<T, kGroup>(qr, kt, dim_qk, s);
-    for (int64_t i = 0; i < kGroup; ++i) {
-      const int64_t r = std::min(r0 + i, len_q - 1);
-      const T l = lse[r];
-      Vec<T> si = s[i] * scale;
-      if (mask) {
-        const Vec<T> m = load_part(mask + r * mask_ld, len_k);
-        si = m == kNegInf ? kNegInf : si + m;
-      }
-      const int64_t visible =
-          l == kNegInf ? 0 : std::clamp<int64_t>(visible_base + r, 0, len_k);
-      si = lane < static_cast<T>(visible) ? si : kNegInf;
-      prob[i] = exp_nonpositive_vec(si - l);
-      prob[i] = lane < static_cast<T>(visible) ? prob[i] : T(0);
-    }
-  }
-  // dP_i = dO_i·Vᵀ over the keys, then dS_i = P_i ⊙ (dP_i − delta_i).
-  Vec<T> dp[kGroup];
-  group_row_products<T, kGroup>(dor, vt, dim_v, dp);
-  alignas(64) T ds[kGroup][L];
-  for (int64_t i = 0; i < kGroup; ++i) {
-    const int64_t r = std::min(r0 + i, len_q - 1);
-    const Vec<T> dsi = prob[i] * (dp[i] - delta[r]);
-    std::memcpy(ds[i], &dsi, sizeof(dsi));
-    if (i < group) {
-      std::memcpy(ds_all[r], &dsi, sizeof(dsi));
-      std::memcpy(p_all[r], &prob[i], sizeof(prob[i]));
-      if (dweights) store_part(dweights + r * len_k, dp[i], len_k);
-      if (dmask) store_part(dmask + r * len_k, dsi, len_k);
-    }
-  }
-  // dQ_i = scale·Σ_j dS_ij·K_j
-  group_query_grads<T, kGroup>(ds, kp, len_k, dim_qk, scale, group, dq + r0 * dim_qk);
-}
-
+// The backward in the forward's layout: per group of up to L query rows (one per lane), one
+// vector per key of Pᵀ (recomputed as exp(scale·Qᵀ·K + mask − lse), or the forward's weights
+// transposed), dPᵀ = dOᵀ·V, dSᵀ = Pᵀ ⊙ (dPᵀ − delta) and dQ = dS·K through its transpose; dK and
+// dV sum over every row at the end from the stored Pᵀ and scale·dSᵀ.
 template <typename T>
 ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
@@ -253,32 +193,56 @@ ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* delta,
     const T* probs, T* dq, T* dk, T* dv, T* dmask, T* dweights) {
   constexpr int64_t L = kLanes<T>;
-  const int64_t qk_vectors = (dim_qk + L - 1) / L;
-  alignas(64) Vec<T> kt[kSmallAttentionMaxDim];  // Kᵀ, to recompute the scores
-  alignas(64) Vec<T> vt[kSmallAttentionMaxDim];  // Vᵀ: dP_i = Σ_c dO[i, c]·vt[c]
-  alignas(64) Vec<T> kp[kSmallAttentionMaxDim];  // K's rows as vectors: dQ_i = Σ_j dS_ij·K_j
-  // dS and P of every row, for dK and dV after the row loop.
-  alignas(64) T ds_all[kSmallBackwardMaxRows][L];
-  alignas(64) T p_all[kSmallBackwardMaxRows][L];
-  if (!probs) transpose_rows(k, ldk, len_k, dim_qk, kt);
-  transpose_rows(v, ldv, len_k, dim_v, vt);
-  for (int64_t j = 0; j < len_k; ++j) row_vectors(k + j * ldk, dim_qk, kp + j * qk_vectors);
-
-  // Rows in groups of eight independent chains (four for a last group of at most four rows,
-  // whose padding would otherwise cost as much as the rows), as in the forward.
-  const SmallBackwardRows<T> st{len_q, len_k, dim_qk, dim_v, q, ldq, mask, mask_ld,
-                                visible_base, scale, dout, ld_dout, lse, delta, probs,
-                                dq, dmask, dweights, kt, vt, kp, ds_all, p_all};
-  for (int64_t r0 = 0; r0 < len_q; r0 += len_q - r0 > 4 ? 8 : 4) {
-    if (len_q - r0 > 4) {
-      small_backward_row_group<T, 8>(st, r0);
+  constexpr int64_t kRows = kSmallBackwardMaxRows;
+  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
+  // pt_all[j][i] = P[i, j] and ds_all[j][i] = scale·dS[i, j] of every row, for dV and dK.
+  alignas(64) T pt_all[L][kRows];
+  alignas(64) T ds_all[L][kRows];
+  for (int64_t r0 = 0; r0 < len_q; r0 += L) {
+    const int64_t group = std::min(L, len_q - r0);
+    alignas(64) Vec<T> pt[L];
+    if (probs) {
+      transpose_rows(probs + r0 * len_k, len_k, group, len_k, pt);
     } else {
-      small_backward_row_group<T, 4>(st, r0);
+      alignas(64) Vec<T> qt[kSmallAttentionMaxDim];
+      transpose_rows(q + r0 * ldq, ldq, group, dim_qk, qt);
+      key_scores(qt, dim_qk, k, ldk, len_k, pt);
+      alignas(64) Vec<T> mt[L];
+      if (mask) transpose_rows(mask + r0 * mask_ld, mask_ld, group, len_k, mt);
+      const Vec<T> l = load_part(lse + r0, group);
+      // A row that saw no key (lse −inf) has P = 0 throughout.
+      const Vec<T> visible = l == kNegInf ? T(0) : visible_keys<T>(visible_base, r0, len_k);
+      for (int64_t j = 0; j < len_k; ++j) {
+        Vec<T> s = pt[j] * scale;
+        if (mask) s = mt[j] == kNegInf ? kNegInf : s + mt[j];
+        const auto seen = static_cast<T>(j) < visible;
+        pt[j] = seen ? exp_nonpositive_vec((seen ? s : kNegInf) - l) : T(0);
+      }
     }
+    // dPᵀ[j] = Σ_c v[j, c]·dOᵀ[c], then dSᵀ = Pᵀ ⊙ (dPᵀ − delta).
+    alignas(64) Vec<T> dpt[L];
+    {
+      alignas(64) Vec<T> dot[kSmallAttentionMaxDim];
+      transpose_rows(dout + r0 * ld_dout, ld_dout, group, dim_v, dot);
+      key_scores(dot, dim_v, v, ldv, len_k, dpt);
+    }
+    if (dweights) store_key_vectors_as_rows(dpt, len_k, group, dweights + r0 * len_k, len_k);
+    const Vec<T> d = load_part(delta + r0, group);
+    alignas(64) Vec<T> dst[L];
+    for (int64_t j = 0; j < L; ++j) dst[j] = j < len_k ? pt[j] * (dpt[j] - d) : Vec<T>{};
+    if (dmask) store_key_vectors_as_rows(dst, len_k, group, dmask + r0 * len_k, len_k);
+    for (int64_t j = 0; j < L; ++j) {
+      if (j >= len_k) pt[j] = Vec<T>{};
+      dst[j] *= scale;
+      std::memcpy(pt_all[j] + r0, &pt[j], sizeof(pt[j]));
+      std::memcpy(ds_all[j] + r0, &dst[j], sizeof(dst[j]));
+    }
+    // dQ = scale·dS·K.
+    weighted_rows(dst, len_k, k, ldk, dim_qk, group, dq + r0 * dim_qk, dim_qk);
   }
   // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
-  small_key_sums<T>(ds_all, len_q, len_k, q, ldq, dim_qk, scale, dk);
-  small_key_sums<T>(p_all, len_q, len_k, dout, ld_dout, dim_v, T(1), dv);
+  small_key_sums<T, 1, kRows>(ds_all[0], len_q, len_k, q, ldq, dim_qk, T(1), dk);
+  small_key_sums<T, 1, kRows>(pt_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv);
 }
 
 }  // namespace

@@ -158,10 +158,11 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
 }
 
 // One pass of small_key_sums below: keys j0 .. j0 + KJ (the first `keys` stored) over the
-// value vectors c .. c + NC, KJ·NC accumulators in registers. The store loop runs over the
+// value vectors c .. c + NC, KJ·NC accumulators in registers. coeff(i, j) = coeff[i·SI + j·SJ]
+// (constant strides: one base register addresses every key's coefficient). The store loop runs over the
 // constant KJ with a guard: a variable trip count made GCC keep the accumulators in memory.
-template <typename T, int KJ, int NC>
-ATTNLAB_INLINE void small_key_sums_pass(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t j0,
+template <typename T, int64_t SI, int64_t SJ, int KJ, int NC>
+ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
                                         int64_t c, T factor, T* dst) {
   constexpr int64_t L = kLanes<T>;
@@ -175,7 +176,7 @@ ATTNLAB_INLINE void small_key_sums_pass(const T (*coeff)[kLanes<T>], int64_t len
     Vec<T> row[NC];
     for (int u = 0; u < NC; ++u) row[u] = load_part(x + i * ldx + (c + u) * L, n[u]);
     for (int t = 0; t < KJ; ++t) {
-      const T w = coeff[i][(j0 + t) % L];
+      const T w = coeff[i * SI + ((j0 + t) % L) * SJ];
       for (int u = 0; u < NC; ++u) acc[t][u] += w * row[u];
     }
   }
@@ -187,34 +188,34 @@ ATTNLAB_INLINE void small_key_sums_pass(const T (*coeff)[kLanes<T>], int64_t len
   }
 }
 
-template <typename T, int KJ>
-ATTNLAB_INLINE void small_key_sums_keys(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t j0,
+template <typename T, int64_t SI, int64_t SJ, int KJ>
+ATTNLAB_INLINE void small_key_sums_keys(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
                                         T factor, T* dst) {
   constexpr int64_t L = kLanes<T>;
   const int64_t vectors = (dim + L - 1) / L;
   int64_t c = 0;
   for (; c + 2 <= vectors; c += 2) {
-    small_key_sums_pass<T, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
+    small_key_sums_pass<T, SI, SJ, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
   }
   if (c < vectors) {
-    small_key_sums_pass<T, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
+    small_key_sums_pass<T, SI, SJ, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
   }
 }
 
-// dst_j = factor·Σ_i coeff[i][j]·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`):
+// dst_j = factor·Σ_i coeff(i, j)·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`):
 // the small backwards' dK (coeff = dS, x = Q) and dV (coeff = P, x = dO). Eight keys (four for
 // a last group of at most four) and two vectors of x at a time, accumulated in registers over
 // the len_q rows, so each row vector loaded serves eight keys.
-template <typename T>
-ATTNLAB_INLINE void small_key_sums(const T (*coeff)[kLanes<T>], int64_t len_q, int64_t len_k,
+template <typename T, int64_t SI = kLanes<T>, int64_t SJ = 1>
+ATTNLAB_INLINE void small_key_sums(const T* coeff, int64_t len_q, int64_t len_k,
                                    const T* x, int64_t ldx, int64_t dim, T factor, T* dst) {
   for (int64_t j0 = 0; j0 < len_k; j0 += 8) {
     const int64_t keys = std::min<int64_t>(8, len_k - j0);
     if (keys > 4) {
-      small_key_sums_keys<T, 8>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
+      small_key_sums_keys<T, SI, SJ, 8>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
     } else {
-      small_key_sums_keys<T, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
+      small_key_sums_keys<T, SI, SJ, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
     }
   }
 }

@@ -1,8 +1,9 @@
 """The register-resident CPU path taken when every key fits one vector (L_k <= 16 in float32,
-8 in float64): every split of the query rows into the kernel's passes (eight rows, four for a
-short last pass, groups of 16), key counts below and above the passes' eight-key split, head
-sizes that are not multiples of the vector width, causal masks with L_q != L_k and fully masked
-rows in each pass, forward, weights and gradients against the float64 reference."""
+8 in float64): query counts that split into whole and partial groups of 16 rows (one per
+lane), key counts below, at and above the key passes' split (passes of eight keys, four for a
+short last one), head sizes that are not multiples of the vector width, causal masks with
+L_q != L_k and fully masked rows in each group, forward, weights and gradients against the
+float64 reference."""
 
 import pytest
 import torch

@@ -17,17 +17,19 @@
 namespace attnlab::cpu {
 namespace {
 
-// The forward holds a group of up to L query rows in the lanes of a vector: one vector per key
-// carries that key's score for every row of the group. The softmax over the keys is then a run
-// of whole-vector operations with no reductions across lanes (the row-per-vector layout needed
-// two lane-tree reductions per row, the maxima and the sums, which cost as much as a third of
-// the multiply-adds). The scores come from Qᵀ (in-register transposes) against K's elements,
-// the log-sum-exps of the group are one vector, and P·V broadcasts each P[i, j] from the stored
-// Pᵀ, so only the weights (when asked for) are transposed back to rows.
+// Both directions hold a group of up to L query rows in the lanes of a vector: one vector per
+// key carries that key's score (probability, gradient) for every row of the group. The softmax
+// over the keys is then a run of whole-vector operations with no reductions across lanes (the
+// earlier row-per-vector layout needed two lane-tree reductions per row, for the maxima and the
+// sums), and the group's log-sum-exps and deltas are one vector each. Products take Qᵀ or dOᵀ
+// (in-register transposes of the group's rows) against K's or V's elements broadcast straight
+// from memory, and Pᵀ or dSᵀ against V's or K's elements likewise; their results (O, dQ) and the
+// optional weights, dS and dP come back to rows through in-register transposes. One thread,
+// (16 rows, 16 keys, 32 features): forward 0.72 → 0.58 µs, backward 1.25 → 1.15 µs.
 
-// st[t] = Σ_e ks[j0 + t][e]·qt[e] for the NK keys from j0 of the stack copy ks (zero rows past
-// the last key), one accumulator chain per key: each Qᵀ vector loaded serves NK keys, and the
-// key elements are broadcast from memory at constant offsets of one base register.
+// st[j0 + t] = Σ_e k[j0 + t, e]·qt[e] for the NK keys from j0 (keys past `last` repeat it:
+// finite padding whose scores are not read), one accumulator chain per key: each Qᵀ vector
+// loaded serves NK keys, the key elements are broadcast from memory by the multiply-adds.
 template <typename T, int NK>
 ATTNLAB_INLINE void key_scores_pass(const Vec<T>* qt, int64_t dim_qk, const T* k, int64_t ldk,
                                     int64_t j0, int64_t last, Vec<T>* st) {

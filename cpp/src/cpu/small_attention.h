@@ -1,8 +1,9 @@
 #pragma once
 // Attention for a block of query rows when every key fits in one vector (L_k <= 16 in float,
 // 8 in double): the tutorials' shapes (L = 10 or 16). Scores, softmax and P·V stay in
-// registers, row by row, instead of going through the blocked path's GEMM, softmax and GEMM
-// calls, whose per-call packing and row loops cost more than the arithmetic at these sizes.
+// registers, a vector's width of query rows at a time (one row per lane), instead of going
+// through the blocked path's GEMM, softmax and GEMM calls, whose per-call packing and row loops
+// cost more than the arithmetic at these sizes.
 // Same results and conventions as the blocked path (cpu/attention_kernel.h, softmax_rows.h).
 
 #include <cstdint>

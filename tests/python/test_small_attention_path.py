@@ -92,3 +92,31 @@ def test_a_nan_score_in_a_fully_masked_row_still_makes_that_row_nan_only():
     assert torch.isnan(weights[:, 9, 0]).all()
     others = torch.cat([output[:, :9], output[:, 10:]], dim=1)
     assert torch.isfinite(others).all()
+
+
+@pytest.mark.parametrize("from_weights", [False, True])
+@pytest.mark.parametrize("len_q", [5, 16, 17, 33])
+def test_mask_gradient_and_weights_gradient_in_every_group_match_the_reference(len_q,
+                                                                              from_weights):
+    # The backward's dS (a learnable float mask's gradient) and dP = dO·Vᵀ (the gradient with
+    # respect to the weights) come back to rows from the per-key vectors of each 16-row group.
+    len_k, dim = 11, 24
+    q, k, v = (t.detach() for t in _inputs(len_q, len_k, dim, dim, seed=len_q))
+    gen = torch.Generator().manual_seed(len_q + 1)
+    mask = torch.randn(len_q, len_k, generator=gen)
+    mask[len_q // 2, 3:] = float("-inf")
+    output, lse, weights = torch.ops.attnlab._sdpa_forward(q, k, v, mask, True, None, True)
+    grad_output = torch.randn(output.shape, generator=gen)
+    dq, dk, dv, dmask, dweights = torch.ops.attnlab._sdpa_backward(
+        grad_output, q, k, v, mask, True, None, output, lse,
+        weights if from_weights else None, True, True)
+    refs = [t.double().requires_grad_() for t in (q, k, v, mask)]
+    ref_output, _ = reference.attention(*refs[:3], attn_mask=refs[3], is_causal=True)
+    ref_grads = torch.autograd.grad(ref_output, refs, grad_output.double())
+    magnitude = max(float(ref.abs().max()) for ref in ref_grads)
+    for name, grad, ref in zip(["q", "k", "v", "mask"], [dq, dk, dv, dmask], ref_grads):
+        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5 * magnitude,
+                                   msg=name)
+    torch.testing.assert_close(dweights.double(),
+                               grad_output.double() @ v.double().transpose(-2, -1),
+                               rtol=1e-5, atol=1e-5)

@@ -109,9 +109,7 @@ ATTNLAB_INLINE void store_key_vectors_as_rows(const Vec<T>* x, int64_t len_k, in
 template <typename T>
 ATTNLAB_INLINE Vec<T> visible_keys(int64_t visible_base, int64_t r0, int64_t len_k) {
   constexpr int64_t L = kLanes<T>;
-  Vec<T> lane = {};
-  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
-  return lane + static_cast<T>(std::clamp<int64_t>(visible_base + r0, -L, len_k));
+  return lane_index<T>() + static_cast<T>(std::clamp<int64_t>(visible_base + r0, -L, len_k));
 }
 
 template <typename T>
@@ -125,8 +123,7 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
   static_assert(L % 8 == 0);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
-  Vec<T> lane = {};
-  for (int64_t j = 0; j < L; ++j) lane[j] = static_cast<T>(j);
+  const Vec<T> lane = lane_index<T>();
   const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
 
   for (int64_t r0 = 0; r0 < rows; r0 += L) {
@@ -217,8 +214,7 @@ ATTNLAB_INLINE void small_attention_backward_impl(
       for (int64_t j = 0; j < len_k; ++j) {
         Vec<T> s = pt[j] * scale;
         if (mask) s = mt[j] == kNegInf ? kNegInf : s + mt[j];
-        const auto seen = static_cast<T>(j) < visible;
-        pt[j] = seen ? exp_nonpositive_vec((seen ? s : kNegInf) - l) : T(0);
+        pt[j] = static_cast<T>(j) < visible ? exp_nonpositive_vec(s - l) : T(0);
       }
     }
     // dPᵀ[j] = Σ_c v[j, c]·dOᵀ[c], then dSᵀ = Pᵀ ⊙ (dPᵀ − delta).

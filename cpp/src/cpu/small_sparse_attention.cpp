@@ -25,13 +25,6 @@ constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
 // and each key and value vector loaded serves four rows.
 constexpr int64_t kGroup = 4;
 
-template <typename T>
-ATTNLAB_INLINE Vec<T> lane_index() {
-  Vec<T> lane = {};
-  for (int64_t j = 0; j < kLanes<T>; ++j) lane[j] = static_cast<T>(j);
-  return lane;
-}
-
 // scale·s + mask on the row's visible keys, −inf elsewhere (a −inf mask entry hides the key
 // whatever its score).
 template <typename T>

@@ -25,6 +25,14 @@ ATTNLAB_INLINE Vec<T> rotate(Vec<T> a, std::integer_sequence<int, I...>) {
   return __builtin_shufflevector(a, a, ((I + S) % static_cast<int>(kLanes<T>))...);
 }
 
+// 0, 1, …, lanes − 1.
+template <typename T>
+ATTNLAB_INLINE Vec<T> lane_index() {
+  Vec<T> lane = {};
+  for (int64_t j = 0; j < kLanes<T>; ++j) lane[j] = static_cast<T>(j);
+  return lane;
+}
+
 // op over all lanes, as a tree of rotations (every lane ends with the result).
 template <typename T, typename Op>
 ATTNLAB_INLINE T reduce_lanes(Vec<T> a, Op op) {
@@ -159,8 +167,9 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
 
 // One pass of small_key_sums below: keys j0 .. j0 + KJ (the first `keys` stored) over the
 // value vectors c .. c + NC, KJ·NC accumulators in registers. coeff(i, j) = coeff[i·SI + j·SJ]
-// (constant strides: one base register addresses every key's coefficient). The store loop runs over the
-// constant KJ with a guard: a variable trip count made GCC keep the accumulators in memory.
+// (constant strides: one base register addresses every key's coefficient). The store loop runs
+// over the constant KJ with a guard: a variable trip count made GCC keep the accumulators in
+// memory.
 template <typename T, int64_t SI, int64_t SJ, int KJ, int NC>
 ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,

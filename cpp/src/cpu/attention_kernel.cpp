@@ -219,18 +219,15 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   };
 
   if (small) {
+    // The kernel takes the deltas from its own P and dP (no pass over dO and O).
     at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-      // One entry's deltas just before its kernel, while its dO is in cache, instead of a
-      // separate pass over the whole batch first.
-      T delta[kSmallBackwardMaxRows];
       for (int64_t b = begin; b < end; ++b) {
         const int64_t rows = b * p.len_q;
-        batch_deltas(b, delta);
         small_attention_backward(
             p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride, p.key.row(b, 0),
             p.key.row_stride, p.value.row(b, 0), p.value.row_stride, mask_block(p, b, 0, 0),
             p.mask.row_stride, visible_base(p, 0, 0), p.scale, grad_output.row(b, 0),
-            grad_output.row_stride, logsumexp + rows, delta,
+            grad_output.row_stride, logsumexp + rows,
             weights ? weights + rows * p.len_k : nullptr, grad_query + rows * E,
             grad_key + b * p.len_k * E, grad_value + b * p.len_k * Ev,
             grad_mask ? grad_mask + rows * p.len_k : nullptr,

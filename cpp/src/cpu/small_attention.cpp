@@ -183,14 +183,17 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
 
 // The backward in the forward's layout: per group of up to L query rows (one per lane), one
 // vector per key of Pᵀ (recomputed as exp(scale·Qᵀ·K + mask − lse), or the forward's weights
-// transposed), dPᵀ = dOᵀ·V, dSᵀ = Pᵀ ⊙ (dPᵀ − delta) and dQ = dS·K through its transpose; dK and
-// dV sum over every row at the end from the stored Pᵀ and scale·dSᵀ.
+// transposed), dPᵀ = dOᵀ·V, delta = Σ_j Pᵀ[j] ⊙ dPᵀ[j], dSᵀ = Pᵀ ⊙ (dPᵀ − delta) and dQ = dS·K
+// through its transpose; dK and dV sum over every row at the end from the stored Pᵀ and
+// scale·dSᵀ. delta is the row term dO_i·O_i of the softmax gradient, taken here as Σ_j P_ij·dP_ij
+// (the same sum, as O_i = Σ_j P_ij·V_j): whole vectors already in registers, where dO·O needed
+// a separate pass over the rows with a reduction across lanes for each.
 template <typename T>
 ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
     const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
-    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* delta,
-    const T* probs, T* dq, T* dk, T* dv, T* dmask, T* dweights) {
+    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
+    T* dq, T* dk, T* dv, T* dmask, T* dweights) {
   constexpr int64_t L = kLanes<T>;
   constexpr int64_t kRows = kSmallBackwardMaxRows;
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -225,7 +228,8 @@ ATTNLAB_INLINE void small_attention_backward_impl(
       key_scores(dot, dim_v, v, ldv, len_k, dpt);
     }
     if (dweights) store_key_vectors_as_rows(dpt, len_k, group, dweights + r0 * len_k, len_k);
-    const Vec<T> d = load_part(delta + r0, group);
+    Vec<T> d = {};
+    for (int64_t j = 0; j < len_k; ++j) d += pt[j] * dpt[j];
     alignas(64) Vec<T> dst[L];
     for (int64_t j = 0; j < L; ++j) dst[j] = j < len_k ? pt[j] * (dpt[j] - d) : Vec<T>{};
     if (dmask) store_key_vectors_as_rows(dst, len_k, group, dmask + r0 * len_k, len_k);
@@ -269,9 +273,9 @@ ATTNLAB_ISA_CLONES void small_attention_backward(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const float* q, int64_t ldq,
     const float* k, int64_t ldk, const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
     int64_t visible_base, float scale, const float* dout, int64_t ld_dout, const float* lse,
-    const float* delta, const float* probs, float* dq, float* dk, float* dv, float* dmask, float* dweights) {
+    const float* probs, float* dq, float* dk, float* dv, float* dmask, float* dweights) {
   small_attention_backward_impl(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                mask_ld, visible_base, scale, dout, ld_dout, lse, delta, probs,
+                                mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
                                 dq, dk, dv, dmask, dweights);
 }
 
@@ -279,9 +283,9 @@ ATTNLAB_ISA_CLONES void small_attention_backward(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const double* q, int64_t ldq,
     const double* k, int64_t ldk, const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
     int64_t visible_base, double scale, const double* dout, int64_t ld_dout, const double* lse,
-    const double* delta, const double* probs, double* dq, double* dk, double* dv, double* dmask, double* dweights) {
+    const double* probs, double* dq, double* dk, double* dv, double* dmask, double* dweights) {
   small_attention_backward_impl(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                mask_ld, visible_base, scale, dout, ld_dout, lse, delta, probs,
+                                mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
                                 dq, dk, dv, dmask, dweights);
 }
 

@@ -42,21 +42,20 @@ void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t d
 // The gradients of one batch entry (all len_q query rows) under the same conditions: dq
 // [len_q, dim_qk], dk [len_k, dim_qk] and dv [len_k, dim_v] are written (not accumulated);
 // dmask and dweights (nullable, [len_q, len_k]) receive dS and dP = dO·Vᵀ. probs (nullable,
-// row stride len_k) are the forward's probabilities, recomputed from lse when null; delta[i] =
-// dO_i·O_i. visible_base as above for the first row (1 under the causal mask).
+// row stride len_k) are the forward's probabilities, recomputed from lse when null.
+// visible_base as above for the first row (1 under the causal mask).
 void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                               const float* q, int64_t ldq, const float* k, int64_t ldk,
                               const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
                               int64_t visible_base, float scale, const float* dout,
-                              int64_t ld_dout, const float* lse, const float* delta,
-                              const float* probs, float* dq, float* dk, float* dv, float* dmask,
-                              float* dweights);
+                              int64_t ld_dout, const float* lse, const float* probs, float* dq,
+                              float* dk, float* dv, float* dmask, float* dweights);
 void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                               const double* q, int64_t ldq, const double* k, int64_t ldk,
                               const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
                               int64_t visible_base, double scale, const double* dout,
-                              int64_t ld_dout, const double* lse, const double* delta,
-                              const double* probs, double* dq, double* dk, double* dv,
-                              double* dmask, double* dweights);
+                              int64_t ld_dout, const double* lse, const double* probs,
+                              double* dq, double* dk, double* dv, double* dmask,
+                              double* dweights);
 
 }  // namespace attnlab::cpu

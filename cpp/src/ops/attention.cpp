@@ -178,6 +178,9 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                 const std::optional<Tensor>& attn_mask,
                                                 bool is_causal, std::optional<double> scale,
                                                 bool need_weights, bool keep_probs) {
+    // Straight to the CPU (or CUDA) kernel: autograd is this function, and the boxed autograd
+    // and view fallbacks in between cost about a microsecond per call.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [output, lse, weights] = forward_op().call(query, key, value, attn_mask, is_causal,
                                                     scale, need_weights || keep_probs);
     // With need_weights the weights exist anyway: the backward reads them instead of
@@ -204,6 +207,10 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     };
     // Edges exist for tensor inputs only: the mask is the fourth when it was given.
     const bool mask_grad = saved[5].defined() && ctx->needs_input_grad(3);
+    // As in the forward, except under create_graph, where the autograd fallback must still
+    // mark the gradients as having no derivative of their own.
+    std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
+    if (!at::GradMode::is_enabled()) below_autograd.emplace();
     auto [dq, dk, dv, dmask, dweights] = backward_op().call(
         grad_output, saved[0], saved[1], saved[2], optional(saved[5]),
         ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toOptional<double>(),

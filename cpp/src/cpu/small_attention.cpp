@@ -23,9 +23,10 @@ namespace {
 // earlier row-per-vector layout needed two lane-tree reductions per row, for the maxima and the
 // sums), and the group's log-sum-exps and deltas are one vector each. Products take Qᵀ or dOᵀ
 // (in-register transposes of the group's rows) against K's or V's elements broadcast straight
-// from memory, and Pᵀ or dSᵀ against V's or K's elements likewise; their results (O, dQ) and the
-// optional weights, dS and dP come back to rows through in-register transposes. One thread,
-// (16 rows, 16 keys, 32 features): forward 0.72 → 0.58 µs, backward 1.25 → 1.15 µs.
+// from memory. O = P·V and dQ = dS·K are accumulated as rows, with P's (dS's) elements
+// broadcast from the stored vectors against V's (K's) rows; the optional weights, dS and dP
+// come back to rows through in-register transposes. One thread, (16 rows, 16 keys, 32
+// features): forward 0.72 → 0.58 µs, backward 1.25 → 1.15 µs (session 10's rewrite).
 
 // st[j0 + t] = Σ_e k[j0 + t, e]·qt[e] for the NK keys from j0 (keys past `last` repeat it:
 // finite padding whose scores are not read), one accumulator chain per key: each Qᵀ vector
@@ -44,21 +45,6 @@ ATTNLAB_INLINE void key_scores_pass(const Vec<T>* qt, int64_t dim_qk, const T* k
   for (int t = 0; t < NK; ++t) st[j0 + t] = acc[t];
 }
 
-// ot[c + t] = Σ_j v[j, c + t]·pt[j] for the NC value columns from c: column c + t of the
-// group's output rows, one row per lane, with V's elements broadcast from memory.
-template <typename T, int NC>
-ATTNLAB_INLINE void values_pass(const Vec<T>* pt, int64_t len_k, const T* v, int64_t ldv,
-                                int64_t c, Vec<T>* ot) {
-  Vec<T> acc[NC];
-  for (int t = 0; t < NC; ++t) acc[t] = Vec<T>{};  // (`= {}` became a `rep stos`)
-  for (int64_t j = 0; j < len_k; ++j) {
-    const Vec<T> p = pt[j];
-    const T* row = v + j * ldv + c;
-    for (int t = 0; t < NC; ++t) acc[t] += row[t] * p;
-  }
-  for (int t = 0; t < NC; ++t) ot[c + t] = acc[t];
-}
-
 // st[j] = Σ_e k[j, e]·qt[e] for every key j < len_k: passes of eight keys (four for a last
 // pass of at most four); st has room for L vectors.
 template <typename T>
@@ -73,24 +59,14 @@ ATTNLAB_INLINE void key_scores(const Vec<T>* qt, int64_t dim, const T* k, int64_
   }
 }
 
-// out[i, :] = Σ_j pt[j][i]·v[j, :] for the first `group` rows (row stride ld_out): Oᵀ in passes
-// of 16 columns (then 8, 4 and 1), transposed back to rows L columns at a time.
+// out[i, :] = Σ_j pt[j][i]·v[j, :] for the first `group` rows (dim_v apart): straight into
+// rows, P's elements broadcast from pt against V's row vectors, eight rows and two vectors of
+// columns at a time (small_key_sums with rows in place of keys). Accumulating Oᵀ instead (rows
+// in lanes, V's elements broadcast) needed a transpose back to rows: 2 % slower forward.
 template <typename T>
 ATTNLAB_INLINE void weighted_rows(const Vec<T>* pt, int64_t len_k, const T* v, int64_t ldv,
-                                  int64_t dim_v, int64_t group, T* out, int64_t ld_out) {
-  constexpr int64_t L = kLanes<T>;
-  alignas(64) Vec<T> ot[kSmallAttentionMaxDim];
-  int64_t c = 0;
-  for (; c + 16 <= dim_v; c += 16) values_pass<T, 16>(pt, len_k, v, ldv, c, ot);
-  for (; c + 8 <= dim_v; c += 8) values_pass<T, 8>(pt, len_k, v, ldv, c, ot);
-  for (; c + 4 <= dim_v; c += 4) values_pass<T, 4>(pt, len_k, v, ldv, c, ot);
-  for (; c < dim_v; ++c) values_pass<T, 1>(pt, len_k, v, ldv, c, ot);
-  for (int64_t c0 = 0; c0 < dim_v; c0 += L) {
-    Vec<T>* block = ot + c0;
-    transpose_block<T>(block);
-    const int64_t n = std::min(L, dim_v - c0);
-    for (int64_t i = 0; i < group; ++i) store_part(out + i * ld_out + c0, block[i], n);
-  }
+                                  int64_t dim_v, int64_t group, T* out) {
+  small_key_sums<T>(reinterpret_cast<const T*>(pt), len_k, group, v, ldv, dim_v, T(1), out);
 }
 
 // The first `group` rows of the L vectors x (one per key, rows in lanes) as rows of len_k
@@ -159,7 +135,7 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
     alignas(64) Vec<T> pt[L];
     for (int64_t j = 0; j < L; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
-    weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * dim_v, dim_v);
+    weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * dim_v);
     if (weights) store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
     // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
     // (its sum is then NaN, and 0 otherwise).
@@ -240,7 +216,7 @@ ATTNLAB_INLINE void small_attention_backward_impl(
       std::memcpy(ds_all[j] + r0, &dst[j], sizeof(dst[j]));
     }
     // dQ = scale·dS·K.
-    weighted_rows(dst, len_k, k, ldk, dim_qk, group, dq + r0 * dim_qk, dim_qk);
+    weighted_rows(dst, len_k, k, ldk, dim_qk, group, dq + r0 * dim_qk);
   }
   // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
   small_key_sums<T, 1, kRows>(ds_all[0], len_q, len_k, q, ldq, dim_qk, T(1), dk);

@@ -62,8 +62,8 @@ def cpu_isa():
 
 
 def machine_description():
-    """CPU model and ISA, threads, and the versions of torch and attnlab: the header of every
-    table."""
+    """CPU model and ISA, threads, the versions of torch and attnlab, and where attnlab runs
+    bfloat16 products here: the header of every table."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
@@ -74,7 +74,8 @@ def machine_description():
     import attnlab
     return (f"{cpu} [{cpu_isa()}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), "
-            f"attnlab {attnlab.__version__}")
+            f"attnlab {attnlab.__version__} "
+            f"(bfloat16 products: {attnlab.build_info()['cpu_bf16_products']})")
 
 
 def gemm_seconds(m, n, k, dtype=torch.float32, min_run_time=0.5, trans_b=False):

@@ -17,7 +17,9 @@ __version__ = _C.build_info()["version"]
 def build_info() -> dict:
     """How this attnlab was built: ``version``, ``torch`` (the version compiled against),
     ``torch_loaded`` (the torch this process runs), ``cuda`` (whether CUDA kernels are compiled
-    in), ``cuda_archs`` and ``openmp``."""
+    in), ``cuda_archs``, ``openmp``, and ``cpu_bf16_products``: where this CPU runs the products
+    of bfloat16 attention, chosen at run time (``"amx"``: AMX-BF16 tiles through torch's oneDNN
+    brgemm, off with ``ATTNLAB_CPU_AMX=0``; ``"avx512_bf16"``; ``"float32"``: widened)."""
     return _C.build_info()
 
 

@@ -3,7 +3,9 @@
 // block and vector widths, odd k, alpha/beta (beta = 0 over NaN), padded leading dimensions.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -18,6 +20,7 @@ namespace {
 
 using attnlab::cpu::bf16_gemm;
 using attnlab::cpu::bf16_gemm_available;
+using attnlab::cpu::bf16_products;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kSentinel = -12345.0f;  // fills the padding beyond n in every row of C
@@ -156,6 +159,23 @@ TEST(BF16Gemm, EmptyProductsFollowGemm) {
   // k = 0: C = beta·C (cleared when beta = 0); m = 0 or n = 0: nothing written. These do not
   // need AVX512-BF16.
   attnlab_test::expect_empty_products_follow_gemm(bf16_gemm);
+}
+
+// ctest runs this suite twice: as is, and with ATTNLAB_CPU_BRGEMM=1 (BF16Gemm.ThroughOneDnnBrgemm),
+// where the products go through torch's oneDNN brgemm on attnlab's packed operands, the route
+// CPUs with AMX take by default. Then the route must really be taken: its start-up check against
+// the register blocks would otherwise have turned it off.
+TEST(BF16Gemm, TakesTheRouteAskedFor) {
+  SKIP_WITHOUT_BF16();
+  const char* env = std::getenv("ATTNLAB_CPU_BRGEMM");
+  const std::string route = bf16_products();
+  if (env != nullptr && std::string(env) == "1") {
+    EXPECT_TRUE(route == "onednn_brgemm" || route == "amx") << route;
+  } else if (env != nullptr && std::string(env) == "0") {
+    EXPECT_EQ(route, "avx512_bf16");
+  } else {
+    EXPECT_TRUE(route == "avx512_bf16" || route == "amx") << route;
+  }
 }
 
 TEST(BF16Gemm, WithoutAvx512Bf16IsTheFloatGemm) {

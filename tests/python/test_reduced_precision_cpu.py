@@ -5,6 +5,9 @@ at the same dtype (error against a float64 reference of the same rounded inputs 
 torch's)."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -184,6 +187,27 @@ def test_blocked_weights_and_the_backward_that_reuses_them(name, dtype):
         ours_err, torch_err = _max_err(mine, exact), _max_err(other, exact)
         assert ours_err <= 2 * torch_err + EPS[dtype] * exact.abs().max().item() / 4, \
             (label, ours_err, torch_err)
+
+
+@pytest.mark.skipif(attnlab.build_info()["cpu_bf16_products"] == "float32",
+                    reason="this CPU lacks AVX512-BF16: bfloat16 products run in float32, with "
+                           "no oneDNN brgemm route to take")
+def test_onednn_brgemm_route_passes_the_blocked_bfloat16_tests():
+    """The route CPUs with AMX take by default (bfloat16 products through torch's oneDNN brgemm
+    on attnlab's packed operands), forced with ATTNLAB_CPU_BRGEMM=1 where oneDNN runs it without
+    AMX: a process that takes it passes the blocked bfloat16 tests above."""
+    env = dict(os.environ, ATTNLAB_CPU_BRGEMM="1")
+    route = subprocess.run(
+        [sys.executable, "-c", "import attnlab; print(attnlab.build_info()['cpu_bf16_products'])"],
+        env=env, capture_output=True, text=True, check=True).stdout.strip()
+    # Anything else means the start-up check found oneDNN's layout different from attnlab's.
+    assert route in ("onednn_brgemm", "amx"), route
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
+         "-k", "test_blocked_ and bfloat16"],
+        env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-2000:]
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

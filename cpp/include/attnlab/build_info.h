@@ -13,6 +13,10 @@ struct BuildInfo {
 
 BuildInfo build_info();
 
+// Where this CPU runs the products of bfloat16 attention, decided at run time: "amx" (AMX-BF16
+// tiles through torch's oneDNN brgemm), "avx512_bf16" (vdpbf16ps) or "float32" (widened).
+std::string cpu_bf16_products();
+
 // The version of the torch library this process has loaded ("2.15.0+cpu"), read from the
 // folder that libtorch_cpu was loaded from (a pip install's torch/version.py or a LibTorch
 // archive's build-version file); empty when neither is there.

@@ -1,7 +1,15 @@
 #include "cpu/bf16_gemm.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
 #include <vector>
+
+#include <ATen/native/CPUBlas.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
 
 #include "cpu/blas.h"
 #include "cpu/isa.h"
@@ -34,6 +42,7 @@ using Pair = uint32_t;
 constexpr int kRows = 8;
 constexpr int kVecs = 2;
 constexpr int64_t kLanes16 = 16;
+constexpr int64_t kCols = kVecs * kLanes16;  // the columns of one panel of packed B
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -175,15 +184,49 @@ ATTNLAB_BF16_INLINE void column_block(int64_t m, int64_t pairs, const Pair* a, i
   }
 }
 
+// C = alpha·A·B + beta·C through torch's oneDNN brgemm (AMX tiles where the CPU has them), for
+// the packed operands below: A's rows of pairs are row-major bfloat16 (lda = 2·pairs), and each
+// panel of B (pair p of column j at p·ldo + j, ldo = 16 or 32) is the "VNNI" layout
+// [K/2][ldo][2] that oneDNN's transform (cpublas::pack) makes with out_ld = ldo. The one-time
+// check in brgemm_route() compares this against block() on a product, so a different layout
+// could only disable the route.
+void brgemm_panels(int64_t m, int64_t n, int64_t pairs, const Pair* pa, const Pair* pb,
+                   float alpha, float beta, float* c, int64_t ldc) {
+  thread_local std::vector<float> tmp;
+  const int64_t k2 = 2 * pairs;
+  const auto* a = reinterpret_cast<const c10::BFloat16*>(pa);
+  // brgemm adds A·B to C or overwrites it; other alpha and beta go through a panel of C.
+  const bool direct = alpha == 1.0f && (beta == 0.0f || beta == 1.0f);
+  if (!direct && static_cast<int64_t>(tmp.size()) < m * kCols) tmp.resize(m * kCols);
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const int64_t width = std::min(kCols, n - j0), ldo = round_up(width, kLanes16);
+    const auto* b = reinterpret_cast<const c10::BFloat16*>(pb + j0 * pairs);
+    if (direct) {
+      at::native::cpublas::brgemm(m, width, k2, k2, ldo, ldc, beta == 1.0f, a, b, c + j0, true);
+      continue;
+    }
+    at::native::cpublas::brgemm(m, width, k2, k2, ldo, kCols, false, a, b, tmp.data(), true);
+    for (int64_t i = 0; i < m; ++i) {
+      float* ci = c + i * ldc + j0;
+      const float* ti = tmp.data() + i * kCols;
+      for (int64_t j = 0; j < width; ++j) {
+        ci[j] = beta == 0.0f ? alpha * ti[j] : alpha * ti[j] + beta * ci[j];
+      }
+    }
+  }
+  at::native::cpublas::brgemm_release(true);
+}
+
+// brgemm: products of a non-transposed A through oneDNN (brgemm_panels); transposed A (the
+// backward's dK and dV) and the default without AMX take the AVX512-BF16 register blocks.
 ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                    float alpha, const float* a, int64_t lda, const float* b,
-                                   int64_t ldb, float beta, float* c, int64_t ldc) {
+                                   int64_t ldb, float beta, float* c, int64_t ldc, bool brgemm) {
   const int64_t pairs = (k + 1) / 2;
   // Per-thread buffers, grown as needed: the attention kernels call this on every block.
   thread_local std::vector<Pair> packed_a, packed_b;
   // op(B) in panels of kCols columns (the last one narrower), each panel's pairs contiguous so
   // that a register block streams through memory in order: panel j0 starts at j0·pairs.
-  constexpr int64_t kCols = kVecs * kLanes16;
   const int64_t ldpb = round_up(n, kLanes16);
   if (static_cast<int64_t>(packed_b.size()) < pairs * ldpb) packed_b.resize(pairs * ldpb);
   for (int64_t j0 = 0; j0 < n; j0 += kCols) {
@@ -209,6 +252,10 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
   }
   const Pair* pa = packed_a.data();
   const Pair* pb = packed_b.data();
+  if (brgemm && !trans_a) {
+    brgemm_panels(m, n, pairs, pa, pb, alpha, beta, c, ldc);
+    return;
+  }
   int64_t j0 = 0;
   for (; j0 + kCols <= n; j0 += kCols) {
     column_block<kVecs>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, kCols, alpha, beta, c + j0,
@@ -224,6 +271,44 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
   }
 }
 
+// Whether bf16_gemm takes the brgemm route: by default where oneDNN packs bfloat16 B for its
+// brgemm (could_pack: the CPU has AMX-BF16); ATTNLAB_CPU_BRGEMM=1 takes it on any AVX512-BF16
+// CPU (oneDNN's brgemm then runs vdpbf16ps on the same layout) and =0 never. Then only if a
+// 19×45×37 product of every transpose of B through brgemm_panels agrees with the register
+// blocks (else a warning, once, and the register blocks).
+bool brgemm_route() {
+  static const bool usable = [] {
+    const char* env = std::getenv("ATTNLAB_CPU_BRGEMM");
+    const bool forced = env != nullptr && std::strcmp(env, "1") == 0;
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    if (!forced && !at::native::cpublas::could_pack(at::kBFloat16)) return false;
+    constexpr int64_t m = 19, n = 45, k = 37;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal;
+    std::vector<float> a(m * k), b(k * n), ref(m * n), got(m * n);
+    for (float& x : a) x = normal(rng);
+    for (float& x : b) x = normal(rng);
+    for (const bool trans_b : {false, true}) {
+      const int64_t ldb = trans_b ? k : n;
+      bf16_gemm_avx512(false, trans_b, m, n, k, 0.5f, a.data(), k, b.data(), ldb, 0.0f,
+                       ref.data(), n, false);
+      bf16_gemm_avx512(false, trans_b, m, n, k, 0.5f, a.data(), k, b.data(), ldb, 0.0f,
+                       got.data(), n, true);
+      for (int64_t i = 0; i < m * n; ++i) {
+        // The same exact products summed in another order: float32 rounding apart.
+        if (!(std::fabs(got[i] - ref[i]) <= 1e-4f * (1.0f + std::fabs(ref[i])))) {
+          TORCH_WARN("attnlab: oneDNN's brgemm disagreed with attnlab's AVX512-BF16 kernel ",
+                     "on a test product (", got[i], " vs ", ref[i], " at ", i,
+                     "); bfloat16 attention runs on the latter");
+          return false;
+        }
+      }
+    }
+    return true;
+  }();
+  return usable;
+}
+
 }  // namespace
 
 bool bf16_gemm_available() {
@@ -231,9 +316,17 @@ bool bf16_gemm_available() {
   return available;
 }
 
+const char* bf16_products() {
+  if (!bf16_gemm_available()) return "float32";
+  if (!brgemm_route()) return "avx512_bf16";
+  return at::native::cpublas::could_pack(at::kBFloat16) ? "amx" : "onednn_brgemm";
+}
+
 #else
 
 bool bf16_gemm_available() { return false; }
+
+const char* bf16_products() { return "float32"; }
 
 #endif
 
@@ -242,7 +335,8 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                int64_t ldc) {
 #ifdef ATTNLAB_HAVE_BF16_KERNEL
   if (m > 0 && n > 0 && k > 0 && bf16_gemm_available()) {
-    bf16_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    bf16_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                     brgemm_route());
     return;
   }
 #endif

@@ -12,6 +12,13 @@ namespace attnlab::cpu {
 // Whether this CPU runs bf16_gemm (AVX512-BF16 with AVX512-BW/VL), checked once.
 bool bf16_gemm_available();
 
+// Where bf16_gemm runs its products, decided at the first call: "amx" (AMX-BF16 tiles through
+// torch's oneDNN brgemm, for non-transposed A: Intel Xeon since Sapphire Rapids; off with
+// ATTNLAB_CPU_BRGEMM=0), "onednn_brgemm" (the same route without AMX, taken only with
+// ATTNLAB_CPU_BRGEMM=1), "avx512_bf16" (attnlab's vdpbf16ps blocks) or "float32" (the float32
+// gemm, unrounded).
+const char* bf16_products();
+
 // C[m×n] = alpha·op(A)·op(B) + beta·C with the contract of gemm (row-major, leading dimensions
 // lda, ldb, ldc, op(X) = Xᵀ when trans_x, beta = 0 ignores C's previous contents, NaN included),
 // except that A and B are first rounded to bfloat16 (to nearest, ties to even); the products

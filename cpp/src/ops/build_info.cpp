@@ -10,6 +10,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "cpu/bf16_gemm.h"
+
 namespace attnlab {
 
 BuildInfo build_info() {
@@ -25,6 +27,8 @@ BuildInfo build_info() {
 #endif
   return info;
 }
+
+std::string cpu_bf16_products() { return cpu::bf16_products(); }
 
 namespace {
 

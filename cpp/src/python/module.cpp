@@ -25,6 +25,7 @@ PYBIND11_MODULE(_C, m) {
     d["cuda_archs"] = archs;
     d["openmp"] = info.openmp;
     d["torch_loaded"] = attnlab::loaded_torch_version();
+    d["cpu_bf16_products"] = attnlab::cpu_bf16_products();
     return d;
   });
 }

@@ -178,8 +178,8 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                 const std::optional<Tensor>& attn_mask,
                                                 bool is_causal, std::optional<double> scale,
                                                 bool need_weights, bool keep_probs) {
-    // Straight to the CPU (or CUDA) kernel: autograd is this function, and the boxed autograd
-    // and view fallbacks in between cost about a microsecond per call.
+    // Straight to the CPU (or CUDA) kernel: autograd is this function, so the boxed autograd
+    // and view fallbacks of the forward operator are skipped.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     auto [output, lse, weights] = forward_op().call(query, key, value, attn_mask, is_causal,
                                                     scale, need_weights || keep_probs);

@@ -26,8 +26,8 @@ at::Tensor additive_mask(const at::Tensor& mask, const at::Tensor& query, int64_
 template <typename T>
 cpu::BatchedRows<T> batched_rows(const at::Tensor& t, at::IntArrayRef batch,
                                  std::vector<int64_t>& offsets) {
-  // The strides of t expanded to the batch, without making the view (a dispatcher call and a
-  // tensor per operand, a few percent of a call at the tutorials' shapes).
+  // The strides of t expanded to the batch, without making the view (which took a dispatcher
+  // call and a tensor per operand).
   const auto shape = with_tail(batch, {t.size(-2), t.size(-1)});
   const auto e = at::inferExpandGeometry_dimvector(t.sizes(), t.strides(), shape);
   const auto& strides = e.strides;

@@ -19,7 +19,8 @@ def build_info() -> dict:
     ``torch_loaded`` (the torch this process runs), ``cuda`` (whether CUDA kernels are compiled
     in), ``cuda_archs``, ``openmp``, and ``cpu_bf16_products``: where this CPU runs the products
     of bfloat16 attention, chosen at run time (``"amx"``: AMX-BF16 tiles through torch's oneDNN
-    brgemm, off with ``ATTNLAB_CPU_AMX=0``; ``"avx512_bf16"``; ``"float32"``: widened)."""
+    brgemm, off with ``ATTNLAB_CPU_BRGEMM=0``; ``"onednn_brgemm"``: the same route without AMX,
+    only with ``ATTNLAB_CPU_BRGEMM=1``; ``"avx512_bf16"``; ``"float32"``: widened)."""
     return _C.build_info()
 
 

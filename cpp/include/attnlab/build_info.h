@@ -14,7 +14,9 @@ struct BuildInfo {
 BuildInfo build_info();
 
 // Where this CPU runs the products of bfloat16 attention, decided at run time: "amx" (AMX-BF16
-// tiles through torch's oneDNN brgemm), "avx512_bf16" (vdpbf16ps) or "float32" (widened).
+// tiles through torch's oneDNN brgemm; off with ATTNLAB_CPU_BRGEMM=0), "onednn_brgemm" (the same
+// route without AMX, only with ATTNLAB_CPU_BRGEMM=1), "avx512_bf16" (vdpbf16ps) or "float32"
+// (widened).
 std::string cpu_bf16_products();
 
 // The version of the torch library this process has loaded ("2.15.0+cpu"), read from the

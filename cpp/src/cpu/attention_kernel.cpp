@@ -212,12 +212,6 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   }
   if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
-  // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
-  const auto batch_deltas = [&](int64_t b, T* delta) {
-    row_dots(grad_output.row(b, 0), grad_output.row_stride, output + b * p.len_q * Ev, Ev,
-             p.len_q, Ev, delta);
-  };
-
   if (small) {
     // The kernel takes the deltas from its own P and dP (no pass over dO and O).
     at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
@@ -237,9 +231,13 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     return;
   }
 
+  // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
   std::vector<T> delta(p.batch * p.len_q);
   at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) batch_deltas(b, delta.data() + b * p.len_q);
+    for (int64_t b = begin; b < end; ++b) {
+      row_dots(grad_output.row(b, 0), grad_output.row_stride, output + b * p.len_q * Ev, Ev,
+               p.len_q, Ev, delta.data() + b * p.len_q);
+    }
   });
 
   // Each task owns the key blocks of one chunk of one batch entry, so dK and dV need no

@@ -72,6 +72,40 @@ def test_weights_are_not_differentiable_but_output_is():
     assert output.requires_grad and not weights.requires_grad
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_input_requires_grad"])
+def test_calls_autograd_does_not_record_give_the_recorded_results(mode):
+    # Such calls skip the autograd function and run the forward operator alone.
+    q, k, v = _inputs((2, 3), 5, 7, 4, 6, dtype=torch.float32)
+    mask = torch.randn(5, 7, requires_grad=True)
+    recorded = attnlab.scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    assert recorded[0].grad_fn is not None
+    if mode == "no_input_requires_grad":
+        args = [t.detach() for t in (q, k, v, mask)]
+        context = torch.enable_grad()
+    else:
+        args = [q, k, v, mask]
+        context = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with context:
+        output, weights = attnlab.scaled_dot_product_attention(*args, need_weights=True)
+        output_only, no_weights = attnlab.scaled_dot_product_attention(*args)
+    for t in (output, weights, output_only):
+        assert t.grad_fn is None and not t.requires_grad
+    assert no_weights is None
+    torch.testing.assert_close(output, recorded[0], rtol=0, atol=0)
+    torch.testing.assert_close(weights, recorded[1], rtol=0, atol=0)
+    torch.testing.assert_close(output_only, recorded[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_forward_mode_tangents_are_refused_with_or_without_grad_mode(grad_mode):
+    import torch.autograd.forward_ad as fwAD
+    q, k, v = _inputs((2,), 3, 4, 5, 2, requires_grad=False)
+    with fwAD.dual_level(), torch.set_grad_enabled(grad_mode):
+        dual_q = fwAD.make_dual(q, torch.randn_like(q))
+        with pytest.raises(RuntimeError, match="jvp is not implemented"):
+            attnlab.scaled_dot_product_attention(dual_q, k, v)
+
+
 OPCHECK_CASES = [
     dict(mask=None, is_causal=False, need_weights=False),
     dict(mask="bool", is_causal=False, need_weights=True),

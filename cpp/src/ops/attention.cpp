@@ -168,6 +168,19 @@ bool keep_probabilities(const Tensor& query, const Tensor& key, const Tensor& va
   return grad && key.size(-2) <= 2 * value.size(-1);
 }
 
+// Whether autograd records this call: grad mode is on and an input requires grad, or an input
+// carries a forward-mode tangent (which SdpaFunction refuses with a clear error).
+bool records_graph(const Tensor& query, const Tensor& key, const Tensor& value,
+                   const std::optional<Tensor>& attn_mask) {
+  const bool has_mask = attn_mask && attn_mask->defined();
+  for (const Tensor* t : {&query, &key, &value, has_mask ? &*attn_mask : nullptr}) {
+    if (t && t->_fw_grad(/*level=*/0).defined()) return true;
+  }
+  return at::GradMode::is_enabled() &&
+         (query.requires_grad() || key.requires_grad() || value.requires_grad() ||
+          (has_mask && attn_mask->requires_grad()));
+}
+
 // Forward keeps the log-sum-exp of each query row; backward recomputes the probabilities
 // (or reads them, when the forward kept them).
 class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
@@ -233,6 +246,14 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
   if (const auto sparse_alpha = normalizer_alpha(normalizer, alpha)) {
     return sparse_scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale,
                                                need_weights, *sparse_alpha);
+  }
+  if (!records_graph(query, key, value, attn_mask)) {
+    // Nothing for autograd to record: the forward operator alone, without the autograd
+    // function's node, context and output wrapping.
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [output, lse, weights] =
+        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
+    return {output, need_weights ? weights : at::empty({0}, output.options())};
   }
   auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights,
                                   keep_probabilities(query, key, value, attn_mask));

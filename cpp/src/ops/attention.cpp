@@ -155,17 +155,13 @@ c10::TypedOperatorHandle<decltype(sdpa_backward_cpu)> backward_op() {
   return op;
 }
 
-// Whether the forward keeps the probabilities for the backward although nobody asked for the
-// weights: on the CPU, when a gradient will be taken and the weights are at most twice the
-// size of the output (L_k <= 2·E_v). There the backward reads them instead of recomputing
-// Q·Kᵀ and the softmax, which at the tutorials' shapes (L = 10 or 16) costs more than the
-// few kilobytes per head they take.
-bool keep_probabilities(const Tensor& query, const Tensor& key, const Tensor& value,
-                        const std::optional<Tensor>& attn_mask) {
-  if (!at::GradMode::is_enabled() || !query.device().is_cpu()) return false;
-  const bool grad = query.requires_grad() || key.requires_grad() || value.requires_grad() ||
-                    (attn_mask && attn_mask->defined() && attn_mask->requires_grad());
-  return grad && key.size(-2) <= 2 * value.size(-1);
+// Whether a call that autograd records (records_graph below) keeps the probabilities for the
+// backward although nobody asked for the weights: on the CPU, when the weights are at most
+// twice the size of the output (L_k <= 2·E_v). There the backward reads them instead of
+// recomputing Q·Kᵀ and the softmax, which at the tutorials' shapes (L = 10 or 16) costs more
+// than the few kilobytes per head they take.
+bool keep_probabilities(const Tensor& query, const Tensor& key, const Tensor& value) {
+  return query.device().is_cpu() && key.size(-2) <= 2 * value.size(-1);
 }
 
 // Whether autograd records this call: grad mode is on and an input requires grad, or an input
@@ -256,7 +252,7 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
     return {output, need_weights ? weights : at::empty({0}, output.options())};
   }
   auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights,
-                                  keep_probabilities(query, key, value, attn_mask));
+                                  keep_probabilities(query, key, value));
   return {outs[0], outs[1]};
 }
 

@@ -9,6 +9,9 @@
 #define ATTNLAB_ISA_CLONES
 #endif
 #define ATTNLAB_INLINE inline __attribute__((always_inline))
+// Unrolls the loop that follows completely (its trip count a small constant), so that arrays
+// indexed by its counter can live in registers.
+#define ATTNLAB_UNROLL _Pragma("GCC unroll 16")
 
 #include <cstdint>
 

@@ -167,31 +167,34 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
 
 // One pass of small_key_sums below: keys j0 .. j0 + KJ (the first `keys` stored) over the
 // value vectors c .. c + NC, KJ·NC accumulators in registers. coeff(i, j) = coeff[i·SI + j·SJ]
-// (constant strides: one base register addresses every key's coefficient). The store loop runs
-// over the constant KJ with a guard: a variable trip count made GCC keep the accumulators in
-// memory.
+// (constant strides: one base register addresses every key's coefficient). The loops over the
+// constant KJ and NC are unrolled by pragma: left to GCC, the guarded store loop kept the
+// accumulators in a stack array, zeroed before and spilled after the row loop, and a pass at
+// (16 rows, 16 keys, 32 features) took 680 cycles for its 512 multiply-adds instead of 565.
 template <typename T, int64_t SI, int64_t SJ, int KJ, int NC>
 ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
                                         int64_t c, T factor, T* dst) {
   constexpr int64_t L = kLanes<T>;
   int64_t n[NC];
-  for (int u = 0; u < NC; ++u) n[u] = std::min(L, dim - (c + u) * L);
+  ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) n[u] = std::min(L, dim - (c + u) * L);
   Vec<T> acc[KJ][NC];
-  for (int t = 0; t < KJ; ++t) {
-    for (int u = 0; u < NC; ++u) acc[t][u] = Vec<T>{};
+  ATTNLAB_UNROLL for (int t = 0; t < KJ; ++t) {
+    ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) acc[t][u] = Vec<T>{};
   }
   for (int64_t i = 0; i < len_q; ++i) {
     Vec<T> row[NC];
-    for (int u = 0; u < NC; ++u) row[u] = load_part(x + i * ldx + (c + u) * L, n[u]);
-    for (int t = 0; t < KJ; ++t) {
+    ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) {
+      row[u] = load_part(x + i * ldx + (c + u) * L, n[u]);
+    }
+    ATTNLAB_UNROLL for (int t = 0; t < KJ; ++t) {
       const T w = coeff[i * SI + ((j0 + t) % L) * SJ];
-      for (int u = 0; u < NC; ++u) acc[t][u] += w * row[u];
+      ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) acc[t][u] += w * row[u];
     }
   }
-  for (int t = 0; t < KJ; ++t) {
+  ATTNLAB_UNROLL for (int t = 0; t < KJ; ++t) {
     if (t >= keys) break;
-    for (int u = 0; u < NC; ++u) {
+    ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) {
       store_part(dst + (j0 + t) * dim + (c + u) * L, acc[t][u] * factor, n[u]);
     }
   }

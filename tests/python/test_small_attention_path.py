@@ -3,7 +3,8 @@
 lane), key counts below, at and above the key passes' split (passes of eight keys, four for a
 short last one), head sizes that are not multiples of the vector width, causal masks with
 L_q != L_k and fully masked rows in each group, forward, weights and gradients against the
-float64 reference."""
+float64 reference. Head sizes 32 and 64 (equal for queries and values) run their own compiled
+copies of the kernels, so they are checked next to sizes that take the general one."""
 
 import pytest
 import torch
@@ -63,10 +64,11 @@ def test_float64_small_path_matches_the_reference(len_q, len_k):
             _check(q, k, v, is_causal=is_causal, rtol=1e-10)
 
 
+@pytest.mark.parametrize("dim", [24, 32, 64])
 @pytest.mark.parametrize("dead", [0, 3, 7, 8, 9, 15, 16])
-def test_a_fully_masked_row_in_any_pass_gives_zeros_while_the_others_match(dead):
+def test_a_fully_masked_row_in_any_pass_gives_zeros_while_the_others_match(dead, dim):
     len_q, len_k = 17, 10
-    q, k, v = _inputs(len_q, len_k, 32, 32, seed=dead)
+    q, k, v = _inputs(len_q, len_k, dim, dim, seed=dead)
     gen = torch.Generator().manual_seed(dead)
     mask = torch.randn(len_q, len_k, generator=gen, dtype=torch.float64).float()
     mask = mask.masked_fill(torch.rand(len_q, len_k, generator=gen) > 0.6, float("-inf"))
@@ -94,13 +96,14 @@ def test_a_nan_score_in_a_fully_masked_row_still_makes_that_row_nan_only():
     assert torch.isfinite(others).all()
 
 
+@pytest.mark.parametrize("dim", [24, 32, 64])
 @pytest.mark.parametrize("from_weights", [False, True])
 @pytest.mark.parametrize("len_q", [5, 16, 17, 33])
 def test_mask_gradient_and_weights_gradient_in_every_group_match_the_reference(len_q,
-                                                                              from_weights):
+                                                                              from_weights, dim):
     # The backward's dS (a learnable float mask's gradient) and dP = dO·Vᵀ (the gradient with
     # respect to the weights) come back to rows from the per-key vectors of each 16-row group.
-    len_k, dim = 11, 24
+    len_k = 11
     q, k, v = (t.detach() for t in _inputs(len_q, len_k, dim, dim, seed=len_q))
     gen = torch.Generator().manual_seed(len_q + 1)
     mask = torch.randn(len_q, len_k, generator=gen)

@@ -223,6 +223,50 @@ ATTNLAB_INLINE void small_attention_backward_impl(
   small_key_sums<T, 1, kRows>(pt_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv);
 }
 
+// The head sizes of the tutorials' models (32 and 64, equal for queries and values) as
+// compile-time constants: every helper is inlined, so each call below is its own copy of the
+// kernel in which the loops over the features have constant counts (unrolled, no remainder
+// vectors) and the rows' strides fold into the addresses. Other sizes take the general copy.
+template <typename T>
+ATTNLAB_INLINE void small_attention_rows_sized(int64_t rows, int64_t len_k, int64_t dim_qk,
+                                               int64_t dim_v, const T* q, int64_t ldq,
+                                               const T* k, int64_t ldk, const T* v, int64_t ldv,
+                                               const T* mask, int64_t mask_ld,
+                                               int64_t visible_base, T scale, T* out, T* lse,
+                                               T* weights, int64_t ld_weights) {
+  if (dim_qk == 32 && dim_v == 32) {
+    small_attention_rows_impl<T>(rows, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask, mask_ld,
+                                 visible_base, scale, out, lse, weights, ld_weights);
+  } else if (dim_qk == 64 && dim_v == 64) {
+    small_attention_rows_impl<T>(rows, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask, mask_ld,
+                                 visible_base, scale, out, lse, weights, ld_weights);
+  } else {
+    small_attention_rows_impl<T>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                 mask_ld, visible_base, scale, out, lse, weights, ld_weights);
+  }
+}
+
+template <typename T>
+ATTNLAB_INLINE void small_attention_backward_sized(
+    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
+    const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
+    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
+    T* dq, T* dk, T* dv, T* dmask, T* dweights) {
+  if (dim_qk == 32 && dim_v == 32) {
+    small_attention_backward_impl<T>(len_q, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask,
+                                     mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
+                                     dq, dk, dv, dmask, dweights);
+  } else if (dim_qk == 64 && dim_v == 64) {
+    small_attention_backward_impl<T>(len_q, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask,
+                                     mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
+                                     dq, dk, dv, dmask, dweights);
+  } else {
+    small_attention_backward_impl<T>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                     mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
+                                     dq, dk, dv, dmask, dweights);
+  }
+}
+
 }  // namespace
 
 ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
@@ -231,8 +275,8 @@ ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_
                                              int64_t ldv, const float* mask, int64_t mask_ld,
                                              int64_t visible_base, float scale, float* out,
                                              float* lse, float* weights, int64_t ld_weights) {
-  small_attention_rows_impl(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                            visible_base, scale, out, lse, weights, ld_weights);
+  small_attention_rows_sized(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
+                             visible_base, scale, out, lse, weights, ld_weights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
@@ -250,9 +294,9 @@ ATTNLAB_ISA_CLONES void small_attention_backward(
     const float* k, int64_t ldk, const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
     int64_t visible_base, float scale, const float* dout, int64_t ld_dout, const float* lse,
     const float* probs, float* dq, float* dk, float* dv, float* dmask, float* dweights) {
-  small_attention_backward_impl(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                dq, dk, dv, dmask, dweights);
+  small_attention_backward_sized(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
+                                 mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
+                                 dq, dk, dv, dmask, dweights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_backward(

@@ -740,6 +740,37 @@ def test_small_path_ties_nan_rows_and_one_key(normalizer, alpha):
         torch.testing.assert_close(out, v.expand(2, 3, v.shape[-1]))
 
 
+@pytest.mark.parametrize("len_k,dim", [(16, 32), (10, 64), (7, 20)])
+@pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=SMALL_IDS)
+def test_small_path_rows_past_the_first_vector(normalizer, alpha, len_k, dim):
+    # 35 query rows: three groups of up to 16 (the forward holds a group's rows in the lanes of
+    # one vector), with a fully masked row and a NaN row in the later groups.
+    a = ref.alpha_of(normalizer, alpha)
+    q, k, v, mask = small_problem(torch.float32, 35, len_k, dim, dim, seed=180 + len_k)
+    mask[:, 17] = -math.inf
+    mask[:, 33] = -math.inf
+    for causal in (False, True):
+        out, tau, _, w = torch.ops.attnlab._sparse_sdpa_forward(q, k, v, mask, causal, None, True,
+                                                                a)
+        ref_out, ref_w, ref_tau = ref.attention(q, k, v, mask, causal, None, normalizer, alpha)
+        assert_close(out, ref_out, "output", torch.float32)
+        assert_close(w, ref_w, "weights", torch.float32)
+        for row in (1, 17, 33):
+            assert torch.all(w[..., row, :] == 0) and torch.all(out[..., row, :] == 0)
+            assert torch.all(tau[..., row] == math.inf)
+        seen = torch.isfinite(ref_tau)
+        assert_close(tau[seen], ref_tau[seen], "tau", torch.float32)
+    bad = q.clone()
+    bad[0, 1, 20, 0] = math.nan
+    out, tau, _, w = torch.ops.attnlab._sparse_sdpa_forward(bad, k, v, mask, False, None, True, a)
+    assert torch.isnan(out[0, 1, 20]).all() and torch.isnan(tau[0, 1, 20])
+    visible = torch.isfinite(mask[1, 20])
+    assert torch.isnan(w[0, 1, 20][visible]).all()
+    rest = torch.ones(out.shape[:-1], dtype=torch.bool)
+    rest[0, 1, 20] = False
+    assert torch.isfinite(out[rest]).all()
+
+
 @pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS + [("entmax", 3.0)],
                          ids=SMALL_IDS + ["entmax-3"])
 def test_small_path_gradcheck_float64(normalizer, alpha):

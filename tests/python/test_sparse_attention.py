@@ -742,9 +742,10 @@ def test_small_path_ties_nan_rows_and_one_key(normalizer, alpha):
 
 @pytest.mark.parametrize("len_k,dim", [(16, 32), (10, 64), (7, 20)])
 @pytest.mark.parametrize("normalizer,alpha", SMALL_NORMALIZERS, ids=SMALL_IDS)
-def test_small_path_rows_past_the_first_vector(normalizer, alpha, len_k, dim):
-    # 35 query rows: three groups of up to 16 (the forward holds a group's rows in the lanes of
-    # one vector), with a fully masked row and a NaN row in the later groups.
+def test_small_path_many_rows_with_dead_and_nan_rows_in_later_groups(normalizer, alpha, len_k,
+                                                                     dim):
+    # 35 query rows (the forward takes them four at a time, the last group partial), with fully
+    # masked rows and a NaN row well past the first groups.
     a = ref.alpha_of(normalizer, alpha)
     q, k, v, mask = small_problem(torch.float32, 35, len_k, dim, dim, seed=180 + len_k)
     mask[:, 17] = -math.inf

@@ -135,6 +135,28 @@ def test_long_sequences_cross_block_boundaries(len_q, len_k, is_causal):
     torch.testing.assert_close(grad_v.double(), ref_grad_v, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("mask_kind", [None, "float"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("len_q,len_k", [(700, 1100), (1100, 700), (517, 517), (2050, 1030)])
+def test_long_sequences_without_weights(len_q, len_k, is_causal, mask_kind):
+    """The forward without weights at lengths that span several query and key blocks: a head's
+    K and V packed once for all its query blocks (K kept for the next head where it is the
+    same, V not), key blocks the causal mask cuts run in
+    groups of rows, lengths and head sizes that are not multiples of the groups or panels."""
+    gen = torch.Generator().manual_seed(len_q * 7 + len_k)
+    q = torch.randn(3, 2, len_q, 24, generator=gen)
+    # Consecutive heads share K but not V: a packed K may be kept, V must be packed again.
+    k = torch.randn(3, 1, len_k, 24, generator=gen).expand(3, 2, len_k, 24)
+    v = torch.randn(1, 2, len_k, 40, generator=gen).expand(3, 2, len_k, 40)
+    mask = None
+    if mask_kind == "float":
+        mask = torch.randn(len_q, len_k, generator=gen)
+        mask[:, 3] = float("-inf")
+    output, _ = attnlab.scaled_dot_product_attention(q, k, v, mask, is_causal)
+    ref_output, _ = reference.attention(q, k, v, mask, is_causal)
+    torch.testing.assert_close(output.double(), ref_output, rtol=1e-5, atol=1e-5)
+
+
 def test_fully_masked_rows_give_zeros_and_zero_gradients():
     q = torch.randn(2, 4, 8, requires_grad=True)
     k = torch.randn(2, 5, 8, requires_grad=True)

@@ -15,9 +15,16 @@ BuildInfo build_info();
 
 // Where this CPU runs the products of bfloat16 attention, decided at run time: "amx" (AMX-BF16
 // tiles through torch's oneDNN brgemm; off with ATTNLAB_CPU_BRGEMM=0), "onednn_brgemm" (the same
-// route without AMX, only with ATTNLAB_CPU_BRGEMM=1), "avx512_bf16" (vdpbf16ps) or "float32"
-// (widened).
+// route without AMX, only with ATTNLAB_CPU_BRGEMM=1), "avx512_bf16" (vdpbf16ps, where it does
+// the products faster than float32 FMAs: cpu_bf16_product_speedup) or "float32" (widened: no
+// AVX512-BF16, or vdpbf16ps no faster). ATTNLAB_CPU_BF16_PRODUCTS=1 or 0 forces bfloat16
+// products on (where the CPU has AVX512-BF16) or off.
 std::string cpu_bf16_products();
+
+// The multiply-add rate of vdpbf16ps over that of float32 FMAs on this CPU, measured once by a
+// register-only probe (0 without AVX512-BF16): about 2 on an AMD Zen 4, 0.5 on an Intel Xeon
+// (Emerald Rapids).
+double cpu_bf16_product_speedup();
 
 // The version of the torch library this process has loaded ("2.15.0+cpu"), read from the
 // folder that libtorch_cpu was loaded from (a pip install's torch/version.py or a LibTorch

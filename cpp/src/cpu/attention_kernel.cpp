@@ -10,6 +10,7 @@
 
 #include "cpu/bf16_gemm.h"
 #include "cpu/blas.h"
+#include "cpu/f32_gemm.h"
 #include "cpu/small_attention.h"
 #include "cpu/softmax_rows.h"
 #include "cpu/vec_math.h"
@@ -20,7 +21,10 @@ namespace {
 // Block sizes: a query block of Bq rows meets key blocks of Bk columns; the Bq×Bk score block
 // stays in L2. Short sequences use one block so small problems are not split needlessly.
 constexpr int64_t kForwardKeyBlock = 512;
+static_assert(kForwardKeyBlock % kF32PackedPanel == 0);  // key blocks start on packed panels
 constexpr int64_t kBackwardQueryBlock = 64;
+// Rows per group where the causal mask cuts a forward key block (forward_online).
+constexpr int64_t kCausalRowGroup = 16;
 constexpr int64_t kBackwardKeyBlock = 128;
 
 int64_t forward_query_block(int64_t len_q) {
@@ -62,6 +66,84 @@ void block_gemm(const AttentionProblem<T>& p, bool trans_a, bool trans_b, int64_
   gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+// A batch entry's K and V packed once for all of its query blocks (float32 products on
+// attnlab's own GEMM, f32_gemm_packed), or null: the products then pack them per block.
+struct PackedHead {
+  const float* key = nullptr;    // op(B) = Kᵀ: dim_qk rows, len_k columns
+  const float* value = nullptr;  // op(B) = V: len_k rows, dim_v columns
+};
+
+// Per thread: the packed K and V of the batch entry whose query blocks it is running, packed
+// again only when the next task's entry has other K or V (tasks run in order, an entry's query
+// blocks one after another).
+class HeadPacker {
+ public:
+  template <typename T>
+  PackedHead get(const AttentionProblem<T>& p, int64_t b) {
+    if constexpr (std::is_same_v<T, float>) {
+      const float* k = p.key.row(b, 0);
+      const float* v = p.value.row(b, 0);
+      if (k != key_ || v != value_) {
+        keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
+        values_.resize(f32_packed_size(p.dim_v, p.len_k));
+        f32_pack_b(true, p.len_k, p.dim_qk, k, p.key.row_stride, keys_.data());
+        f32_pack_b(false, p.dim_v, p.len_k, v, p.value.row_stride, values_.data());
+        key_ = k;
+        value_ = v;
+      }
+      return {keys_.data(), values_.data()};
+    } else {
+      return {};
+    }
+  }
+
+ private:
+  const float* key_ = nullptr;
+  const float* value_ = nullptr;
+  std::vector<float> keys_, values_;
+};
+
+// Whether the forward's blocked path packs each head once (HeadPacker): float32 products on
+// attnlab's AVX-512 GEMM (bfloat16 products keep their own packing).
+template <typename T>
+bool pack_heads(const AttentionProblem<T>& p) {
+  return std::is_same_v<T, float> && f32_gemm_available() &&
+         !(p.bf16_operands && bf16_gemm_available());
+}
+
+// ld-strided scores [rows, cols] = scale·Q[i0 : i0 + rows]·K[j0 : j0 + cols]ᵀ (j0 a multiple of
+// the packed panel width when packed).
+template <typename T>
+void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b, int64_t i0,
+                 int64_t rows, int64_t j0, int64_t cols, T* scores, int64_t ld) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed.key) {
+      f32_gemm_packed(false, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0),
+                      p.query.row_stride, packed.key + j0 * p.dim_qk, p.len_k - j0, p.dim_qk, 0,
+                      0.0f, scores, ld);
+      return;
+    }
+  }
+  block_gemm(p, false, true, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0),
+             p.query.row_stride, p.key.row(b, j0), p.key.row_stride, T(0), scores, ld);
+}
+
+// out [rows, dim_v] = probs [rows, cols] (row stride ldp)·V[j0 : j0 + cols] + beta·out.
+template <typename T>
+void values_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
+                 int64_t rows, int64_t j0, int64_t cols, const T* probs, int64_t ldp, T beta,
+                 T* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed.value) {
+      f32_gemm_packed(false, rows, p.dim_v, cols, 1.0f, probs, ldp, packed.value, p.dim_v,
+                      p.len_k, j0, beta, out, p.dim_v);
+      return;
+    }
+  }
+  block_gemm(p, false, false, rows, p.dim_v, cols, T(1), probs, ldp, p.value.row(b, j0),
+             p.value.row_stride, beta, out, p.dim_v);
+}
+
 // Keys a query block [i0, i0 + rows) can see: all, or under the causal mask those up to its
 // last row.
 template <typename T>
@@ -92,23 +174,20 @@ void finish_rows(T* x, int64_t rows, int64_t cols, int64_t ld, const T* row_max,
 }
 
 template <typename T>
-void forward_with_weights(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t rows,
-                          T* out, T* lse, T* weights, T* row_max, T* row_sum, T* scratch) {
+void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
+                          int64_t i0, int64_t rows, T* out, T* lse, T* weights, T* row_max,
+                          T* row_sum, T* scratch) {
   // The weights block [rows, len_k] is the score buffer: one softmax pass, no rescaling.
   T* w = weights + (b * p.len_q + i0) * p.len_k;
   const int64_t kv_end = key_end(p, i0, rows);
-  block_gemm(p, false, true, rows, kv_end, p.dim_qk, p.scale, p.query.row(b, i0),
-             p.query.row_stride, p.key.row(b, 0), p.key.row_stride, T(0), w, p.len_k);
+  scores_gemm(p, packed, b, i0, rows, 0, kv_end, w, p.len_k);
   online_softmax_block(w, rows, kv_end, p.len_k, mask_block(p, b, i0, 0), p.mask.row_stride,
                        visible_base(p, i0, 0), row_max, row_sum, scratch);
   // On bfloat16 operands P·V takes exp(s − max) before the normalization, as the online path
   // and torch's kernel do: a row's largest term is then 1, exact in bfloat16, where rounding
   // the normalized weight of a peaked row would cost its dominant term a rounding error.
   const bool unnormalized_pv = p.bf16_operands && kv_end > 0;
-  if (unnormalized_pv) {
-    block_gemm(p, false, false, rows, p.dim_v, kv_end, T(1), w, p.len_k, p.value.row(b, 0),
-               p.value.row_stride, T(0), out, p.dim_v);
-  }
+  if (unnormalized_pv) values_gemm(p, packed, b, rows, 0, kv_end, w, p.len_k, T(0), out);
   finish_rows(w, rows, kv_end, p.len_k, row_max, row_sum, scratch, lse);
   for (int64_t r = 0; r < rows; ++r) std::fill(w + r * p.len_k + kv_end, w + (r + 1) * p.len_k, T(0));
   if (unnormalized_pv) {
@@ -119,27 +198,37 @@ void forward_with_weights(const AttentionProblem<T>& p, int64_t b, int64_t i0, i
     std::fill(out, out + rows * p.dim_v, T(0));
     return;
   }
-  block_gemm(p, false, false, rows, p.dim_v, kv_end, T(1), w, p.len_k, p.value.row(b, 0),
-             p.value.row_stride, T(0), out, p.dim_v);
+  values_gemm(p, packed, b, rows, 0, kv_end, w, p.len_k, T(0), out);
 }
 
 template <typename T>
-void forward_online(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t rows, T* out,
-                    T* lse, T* row_max, T* row_sum, T* correction, T* scores) {
+void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
+                    int64_t i0, int64_t rows, T* out, T* lse, T* row_max, T* row_sum,
+                    T* correction, T* scores) {
   // The output rows accumulate P·V; earlier blocks are rescaled when the row max grows.
   const int64_t kv_end = key_end(p, i0, rows);
   if (kv_end == 0) std::fill(out, out + rows * p.dim_v, T(0));
   for (int64_t j0 = 0; j0 < kv_end; j0 += kForwardKeyBlock) {
     const int64_t cols = std::min(kForwardKeyBlock, kv_end - j0);
-    block_gemm(p, false, true, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0),
-               p.query.row_stride, p.key.row(b, j0), p.key.row_stride, T(0), scores,
-               kForwardKeyBlock);
-    online_softmax_block(scores, rows, cols, kForwardKeyBlock, mask_block(p, b, i0, j0),
-                         p.mask.row_stride, visible_base(p, i0, j0), row_max, row_sum,
-                         correction);
-    if (j0 > 0) scale_rows(out, rows, p.dim_v, p.dim_v, correction);
-    block_gemm(p, false, false, rows, p.dim_v, cols, T(1), scores, kForwardKeyBlock,
-               p.value.row(b, j0), p.value.row_stride, j0 > 0 ? T(1) : T(0), out, p.dim_v);
+    // A key block that the causal mask cuts (its last keys hidden from the block's first rows)
+    // runs in groups of rows, each only up to its own last visible key: the hidden triangle
+    // then costs about a group's width per row instead of the block's. Without packed heads
+    // each group would pack its keys again, so only then.
+    const bool cut = p.causal && packed.key != nullptr && i0 + 1 < j0 + cols;
+    const int64_t group = cut ? kCausalRowGroup : rows;
+    for (int64_t r0 = 0; r0 < rows; r0 += group) {
+      const int64_t g = std::min(group, rows - r0);
+      const int64_t g_cols = p.causal ? std::min(cols, i0 + r0 + g - j0) : cols;
+      if (g_cols <= 0) continue;  // rows that see none of this block (only when j0 > 0)
+      T* s = scores + r0 * kForwardKeyBlock;
+      T* o = out + r0 * p.dim_v;
+      scores_gemm(p, packed, b, i0 + r0, g, j0, g_cols, s, kForwardKeyBlock);
+      online_softmax_block(s, g, g_cols, kForwardKeyBlock, mask_block(p, b, i0 + r0, j0),
+                           p.mask.row_stride, visible_base(p, i0 + r0, j0), row_max + r0,
+                           row_sum + r0, correction + r0);
+      if (j0 > 0) scale_rows(o, g, p.dim_v, p.dim_v, correction + r0);
+      values_gemm(p, packed, b, g, j0, g_cols, s, kForwardKeyBlock, j0 > 0 ? T(1) : T(0), o);
+    }
   }
   finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse);
 }
@@ -175,18 +264,21 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
     SequentialBlasScope sequential_blas;
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
     std::vector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
+    HeadPacker packer;
+    const bool packing = pack_heads(p);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
+      const PackedHead packed = packing ? packer.get(p, b) : PackedHead{};
       const int64_t rows = std::min(block_q, p.len_q - i0);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       T* out = output + (b * p.len_q + i0) * p.dim_v;
       T* lse = logsumexp + b * p.len_q + i0;
       if (weights) {
-        forward_with_weights(p, b, i0, rows, out, lse, weights, row_max.data(), row_sum.data(),
-                             correction.data());
+        forward_with_weights(p, packed, b, i0, rows, out, lse, weights, row_max.data(),
+                             row_sum.data(), correction.data());
       } else {
-        forward_online(p, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
+        forward_online(p, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
                        correction.data(), scores.data());
       }
     }

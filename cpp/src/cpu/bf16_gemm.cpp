@@ -17,6 +17,7 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_HAVE_BF16_KERNEL 1
 #include <immintrin.h>
+#include <x86intrin.h>
 
 #include "cpu/vec_transpose.h"
 #endif
@@ -309,7 +310,82 @@ bool brgemm_route() {
   return usable;
 }
 
+// Multiply-adds per time-stamp tick of a run of independent vdpbf16ps (32 per instruction) and
+// of vfmadd231ps (16), each on twelve accumulators held in registers: the CPU's peak rate of
+// either kind of product, whatever its clock. The two differ between CPUs that have both: an
+// AMD Zen 4 core issues one 512-bit float FMA per cycle and vdpbf16ps at about the same rate
+// (bfloat16 products twice as fast), an Intel Xeon (Emerald Rapids, measured) two FMAs per
+// cycle and vdpbf16ps at one per two (bfloat16 products twice as slow: 18 against 38
+// multiply-adds per tick, and the bfloat16 attention forward 1.3-1.9x slower than float32's).
+constexpr int kProbeChains = 12;
+
+ATTNLAB_BF16 __attribute__((noinline)) double bf16_products_per_tick(int64_t steps) {
+  __m512 acc[kProbeChains];
+  ATTNLAB_UNROLL
+  for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(float(i));
+  __m512bh a = (__m512bh)_mm512_set1_epi16(0x3f80), b = (__m512bh)_mm512_set1_epi16(0x3f00);
+  const uint64_t start = __rdtsc();
+  for (int64_t s = 0; s < steps; ++s) {
+    ATTNLAB_UNROLL
+    for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __asm__ volatile("" : "+v"(a), "+v"(b));
+  }
+  const uint64_t ticks = __rdtsc() - start;
+  __m512 sum = acc[0];
+  ATTNLAB_UNROLL
+  for (int i = 1; i < kProbeChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  __asm__ volatile("" : : "v"(sum));
+  return 32.0 * kProbeChains * static_cast<double>(steps) / static_cast<double>(ticks + 1);
+}
+
+ATTNLAB_BF16 __attribute__((noinline)) double f32_products_per_tick(int64_t steps) {
+  __m512 acc[kProbeChains];
+  ATTNLAB_UNROLL
+  for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_set1_ps(float(i));
+  __m512 a = _mm512_set1_ps(1.0f), b = _mm512_set1_ps(0.5f);
+  const uint64_t start = __rdtsc();
+  for (int64_t s = 0; s < steps; ++s) {
+    ATTNLAB_UNROLL
+    for (int i = 0; i < kProbeChains; ++i) acc[i] = _mm512_fmadd_ps(a, b, acc[i]);
+    __asm__ volatile("" : "+v"(a), "+v"(b));
+  }
+  const uint64_t ticks = __rdtsc() - start;
+  __m512 sum = acc[0];
+  ATTNLAB_UNROLL
+  for (int i = 1; i < kProbeChains; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  __asm__ volatile("" : : "v"(sum));
+  return 16.0 * kProbeChains * static_cast<double>(steps) / static_cast<double>(ticks + 1);
+}
+
 }  // namespace
+
+double bf16_product_speedup() {
+  static const double speedup = [] {
+    if (!bf16_gemm_available()) return 0.0;
+    // The best of five short alternating runs (about 0.1 ms each), so that an interruption
+    // of one (another process, a timer) does not decide.
+    double bf16 = 0.0, f32 = 0.0;
+    for (int round = 0; round < 5; ++round) {
+      bf16 = std::max(bf16, bf16_products_per_tick(4000));
+      f32 = std::max(f32, f32_products_per_tick(4000));
+    }
+    return bf16 / f32;
+  }();
+  return speedup;
+}
+
+bool bf16_products_pay() {
+  static const bool pay = [] {
+    if (!bf16_gemm_available()) return false;
+    const char* env = std::getenv("ATTNLAB_CPU_BF16_PRODUCTS");
+    if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    // AMX tiles (or oneDNN's brgemm, when forced) are taken for their own speed.
+    if (brgemm_route()) return true;
+    return bf16_product_speedup() >= kBf16ProductsMinSpeedup;
+  }();
+  return pay;
+}
 
 bool bf16_gemm_available() {
   static const bool available = has_avx512_core() && __builtin_cpu_supports("avx512bf16");
@@ -327,6 +403,10 @@ const char* bf16_products() {
 bool bf16_gemm_available() { return false; }
 
 const char* bf16_products() { return "float32"; }
+
+double bf16_product_speedup() { return 0.0; }
+
+bool bf16_products_pay() { return false; }
 
 #endif
 

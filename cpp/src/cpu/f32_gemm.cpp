@@ -31,6 +31,7 @@ namespace {
 constexpr int kRows = 8;
 constexpr int kVecs = 2;
 constexpr int64_t kL = 16;
+static_assert(kVecs * kL == kF32PackedPanel);
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -157,6 +158,48 @@ ATTNLAB_F32_INLINE void f32_gemm_panels(bool trans_a, bool trans_b, int64_t m, i
   }
 }
 
+// C = alpha·op(A)·B + beta·C for the columns [0, n) and rows [row0, row0 + k) of an operand
+// packed whole by f32_pack_b (panel q at packed + q·panel_stride, its rows ldo apart).
+ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int64_t k,
+                                        float alpha, const float* a, int64_t lda,
+                                        const float* packed, int64_t packed_n,
+                                        int64_t panel_stride, int64_t row0, float beta,
+                                        float* c, int64_t ldc) {
+  constexpr int64_t kCols = kVecs * kL;
+  const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const float* panel = packed + (j0 / kCols) * panel_stride;
+    // The panel's row stride as packed (the last panel of packed_n columns may be narrower).
+    const int64_t ldo = round_up(std::min(kCols, packed_n - j0), kL);
+    const float* b = panel + row0 * ldo;
+    const int64_t width = std::min(kCols, n - j0);
+    float* cj = c + j0;
+    if (width == kCols) {
+      column_block<kVecs>(m, k, a, a_row, a_col, b, ldo, alpha, beta, cj, ldc,
+                          __mmask16(0xFFFF));
+    } else if (width > kL) {
+      column_block<2>(m, k, a, a_row, a_col, b, ldo, alpha, beta, cj, ldc,
+                      first_lanes(width - kL));
+    } else {
+      column_block<1>(m, k, a, a_row, a_col, b, ldo, alpha, beta, cj, ldc, first_lanes(width));
+    }
+  }
+}
+
+ATTNLAB_F32 void f32_pack_b_avx512(bool trans_b, int64_t n, int64_t k, const float* b,
+                                   int64_t ldb, float* packed) {
+  constexpr int64_t kCols = kVecs * kL;
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const int64_t width = std::min(kCols, n - j0), ldo = round_up(width, kL);
+    float* panel = packed + (j0 / kCols) * k * kCols;
+    if (trans_b) {
+      pack_transposed(b + j0 * ldb, ldb, k, width, panel, ldo);
+    } else {
+      pack_rows(b + j0, ldb, k, width, panel, ldo);
+    }
+  }
+}
+
 ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                  float alpha, const float* a, int64_t lda, const float* b,
                                  int64_t ldb, float beta, float* c, int64_t ldc) {
@@ -167,9 +210,27 @@ ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t 
 
 bool f32_gemm_available() { return has_avx512_core(); }
 
+void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
+                float* packed) {
+  f32_pack_b_avx512(trans_b, n, k, b, ldb, packed);
+}
+
+void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                     int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
+                     int64_t row0, float beta, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  f32_gemm_packed_avx512(trans_a, m, n, k, alpha, a, lda, packed, packed_n,
+                         packed_k * kF32PackedPanel, row0, beta, c, ldc);
+}
+
 #else
 
 bool f32_gemm_available() { return false; }
+
+void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
+
+void f32_gemm_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                     int64_t, int64_t, int64_t, float, float*, int64_t) {}
 
 #endif
 

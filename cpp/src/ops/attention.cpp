@@ -10,6 +10,7 @@
 
 #include "attnlab/attention.h"
 #include "cpu/attention_kernel.h"
+#include "cpu/bf16_gemm.h"
 #include "ops/checks.h"
 #include "ops/layout.h"
 #include "ops/sparse_attention.h"
@@ -23,10 +24,13 @@ bool reduced_precision(const Tensor& t) { return at::isReducedFloatingType(t.sca
 
 Tensor to_float(const Tensor& t) { return t.to(at::kFloat); }
 
-// Whether the float32 kernel may run the products of these reduced-precision inputs on
-// bfloat16 operands: only for bfloat16 inputs, whose widened values round back exactly
-// (float16 ones would lose mantissa bits).
-bool bf16_products(const Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+// Whether the float32 kernel runs the products of these reduced-precision inputs on bfloat16
+// operands: only for bfloat16 inputs, whose widened values round back exactly (float16 ones
+// would lose mantissa bits), and only on CPUs where that is faster than float32 products
+// (cpu::bf16_products_pay).
+bool bf16_products(const Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 && cpu::bf16_products_pay();
+}
 
 // The forward; bf16_operands (set by the reduced-precision branch for the float32 tensors it
 // makes): see cpu::AttentionProblem.

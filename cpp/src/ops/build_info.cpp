@@ -28,7 +28,12 @@ BuildInfo build_info() {
   return info;
 }
 
-std::string cpu_bf16_products() { return cpu::bf16_products(); }
+// The route bfloat16 attention takes: the bfloat16 GEMM's where its products pay, else float32.
+std::string cpu_bf16_products() {
+  return cpu::bf16_products_pay() ? cpu::bf16_products() : "float32";
+}
+
+double cpu_bf16_product_speedup() { return cpu::bf16_product_speedup(); }
 
 namespace {
 

@@ -26,6 +26,7 @@ PYBIND11_MODULE(_C, m) {
     d["openmp"] = info.openmp;
     d["torch_loaded"] = attnlab::loaded_torch_version();
     d["cpu_bf16_products"] = attnlab::cpu_bf16_products();
+    d["cpu_bf16_product_speedup"] = attnlab::cpu_bf16_product_speedup();
     return d;
   });
 }

@@ -20,7 +20,11 @@ def build_info() -> dict:
     in), ``cuda_archs``, ``openmp``, and ``cpu_bf16_products``: where this CPU runs the products
     of bfloat16 attention, chosen at run time (``"amx"``: AMX-BF16 tiles through torch's oneDNN
     brgemm, off with ``ATTNLAB_CPU_BRGEMM=0``; ``"onednn_brgemm"``: the same route without AMX,
-    only with ``ATTNLAB_CPU_BRGEMM=1``; ``"avx512_bf16"``; ``"float32"``: widened)."""
+    only with ``ATTNLAB_CPU_BRGEMM=1``; ``"avx512_bf16"``: vdpbf16ps, where it outruns float32
+    FMAs; ``"float32"``: widened, where the CPU lacks AVX512-BF16 or its products are no faster;
+    ``ATTNLAB_CPU_BF16_PRODUCTS=1`` or ``0`` forces them on or off), and
+    ``cpu_bf16_product_speedup``: the multiply-add rate of vdpbf16ps over float32 FMAs on this
+    CPU, measured once at run time (0 without AVX512-BF16)."""
     return _C.build_info()
 
 

@@ -1,6 +1,6 @@
 """float16 and bfloat16 on the CPU: the operator, its gradients, the modules and the fused encoder
-block accept them, compute in float32 (bfloat16's blocked products on bfloat16 operands where the
-CPU has AVX512-BF16, as torch's own kernel does), and are no less accurate than torch's own SDPA
+block accept them, compute in float32 (bfloat16's blocked products on bfloat16 operands, as torch's
+own kernel does, where the CPU's bfloat16 dot products outrun its float32 FMAs), and are no less accurate than torch's own SDPA
 at the same dtype (error against a float64 reference of the same rounded inputs at most 2x
 torch's)."""
 
@@ -189,25 +189,74 @@ def test_blocked_weights_and_the_backward_that_reuses_them(name, dtype):
             (label, ours_err, torch_err)
 
 
-@pytest.mark.skipif(attnlab.build_info()["cpu_bf16_products"] == "float32",
-                    reason="this CPU lacks AVX512-BF16: bfloat16 products run in float32, with "
-                           "no oneDNN brgemm route to take")
-def test_onednn_brgemm_route_passes_the_blocked_bfloat16_tests():
-    """The route CPUs with AMX take by default (bfloat16 products through torch's oneDNN brgemm
-    on attnlab's packed operands), forced with ATTNLAB_CPU_BRGEMM=1 where oneDNN runs it without
-    AMX: a process that takes it passes the blocked bfloat16 tests above."""
-    env = dict(os.environ, ATTNLAB_CPU_BRGEMM="1")
-    route = subprocess.run(
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f
+                         if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+HAS_AVX512_BF16 = "avx512_bf16" in _cpu_flags()
+
+
+def _route(env):
+    return subprocess.run(
         [sys.executable, "-c", "import attnlab; print(attnlab.build_info()['cpu_bf16_products'])"],
         env=env, capture_output=True, text=True, check=True).stdout.strip()
-    # Anything else means the start-up check found oneDNN's layout different from attnlab's.
-    assert route in ("onednn_brgemm", "amx"), route
+
+
+def _blocked_bfloat16_tests(env):
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__,
          "-k", "test_blocked_ and bfloat16"],
         env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     assert " passed" in run.stdout and " failed" not in run.stdout, run.stdout[-2000:]
+
+
+def test_bfloat16_products_are_taken_where_they_pay():
+    """The probe of the CPU's product rates: none without AVX512-BF16; with it, bfloat16 attention
+    runs on vdpbf16ps only where that outruns float32 FMAs (or on AMX), else in float32."""
+    info = attnlab.build_info()
+    speedup, route = info["cpu_bf16_product_speedup"], info["cpu_bf16_products"]
+    if os.environ.get("ATTNLAB_CPU_BF16_PRODUCTS") or os.environ.get("ATTNLAB_CPU_BRGEMM"):
+        pytest.skip("the route is forced by the environment")
+    if not HAS_AVX512_BF16:
+        assert speedup == 0.0 and route == "float32"
+        return
+    # 32 multiply-adds per vdpbf16ps against 16 per FMA: the ratio lies between the extremes of
+    # one instruction of either kind per cycle against two of the other.
+    assert 0.2 < speedup < 4.5, speedup
+    if route != "amx":
+        assert route == ("avx512_bf16" if speedup >= 1.3 else "float32"), (route, speedup)
+
+
+@pytest.mark.skipif(not HAS_AVX512_BF16, reason="this CPU lacks AVX512-BF16")
+@pytest.mark.parametrize("forced,expected", [("1", ("avx512_bf16", "amx")), ("0", ("float32",))])
+def test_forced_bfloat16_products_pass_the_blocked_bfloat16_tests(forced, expected):
+    """ATTNLAB_CPU_BF16_PRODUCTS=1 takes the bfloat16 products (vdpbf16ps, or AMX) whatever the
+    probe says, =0 the float32 ones: either way the blocked bfloat16 tests pass, so both routes
+    stay tested on every CPU with AVX512-BF16."""
+    env = dict(os.environ, ATTNLAB_CPU_BF16_PRODUCTS=forced)
+    env.pop("ATTNLAB_CPU_BRGEMM", None)
+    assert _route(env) in expected
+    _blocked_bfloat16_tests(env)
+
+
+@pytest.mark.skipif(not HAS_AVX512_BF16,
+                    reason="this CPU lacks AVX512-BF16: no oneDNN brgemm route to take")
+def test_onednn_brgemm_route_passes_the_blocked_bfloat16_tests():
+    """The route CPUs with AMX take by default (bfloat16 products through torch's oneDNN brgemm
+    on attnlab's packed operands), forced with ATTNLAB_CPU_BRGEMM=1 where oneDNN runs it without
+    AMX: a process that takes it passes the blocked bfloat16 tests above."""
+    env = dict(os.environ, ATTNLAB_CPU_BRGEMM="1")
+    env.pop("ATTNLAB_CPU_BF16_PRODUCTS", None)
+    route = _route(env)
+    # Anything else means the start-up check found oneDNN's layout different from attnlab's.
+    assert route in ("onednn_brgemm", "amx"), route
+    _blocked_bfloat16_tests(env)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

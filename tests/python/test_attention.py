@@ -139,10 +139,11 @@ def test_long_sequences_cross_block_boundaries(len_q, len_k, is_causal):
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("len_q,len_k", [(700, 1100), (1100, 700), (517, 517), (2050, 1030)])
 def test_long_sequences_without_weights(len_q, len_k, is_causal, mask_kind):
-    """The forward without weights at lengths that span several query and key blocks: a head's
-    K and V packed once for all its query blocks (K kept for the next head where it is the
-    same, V not), key blocks the causal mask cuts run in
-    groups of rows, lengths and head sizes that are not multiples of the groups or panels."""
+    """The forward without weights at lengths that span several query and key blocks (a head's
+    K and V packed once for all its query blocks, K kept for the next head where it is the
+    same and V not; key blocks the causal mask cuts run in groups of rows; lengths and head
+    sizes that are not multiples of the groups or panels), and the backward, whose key blocks
+    pack K and V once for all of their query blocks."""
     gen = torch.Generator().manual_seed(len_q * 7 + len_k)
     q = torch.randn(3, 2, len_q, 24, generator=gen)
     # Consecutive heads share K but not V: a packed K may be kept, V must be packed again.
@@ -152,9 +153,16 @@ def test_long_sequences_without_weights(len_q, len_k, is_causal, mask_kind):
     if mask_kind == "float":
         mask = torch.randn(len_q, len_k, generator=gen)
         mask[:, 3] = float("-inf")
+    q, k, v = (t.requires_grad_() for t in (q, k.detach(), v.detach()))
     output, _ = attnlab.scaled_dot_product_attention(q, k, v, mask, is_causal)
-    ref_output, _ = reference.attention(q, k, v, mask, is_causal)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_output, _ = reference.attention(*ref_inputs, mask, is_causal)
     torch.testing.assert_close(output.double(), ref_output, rtol=1e-5, atol=1e-5)
+    grad_output = torch.randn(output.shape, generator=gen)
+    grads = torch.autograd.grad(output, (q, k, v), grad_output)
+    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
+    for name, grad, ref in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients():

@@ -348,6 +348,31 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     std::vector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
     std::vector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
     constexpr int64_t ld = kBackwardKeyBlock;
+    // The key block's operands that every query block multiplies by (Kᵀ for S, Vᵀ for dP, K
+    // for dQ), packed once per key block instead of once per product.
+    const bool packing = pack_heads(p);
+    std::vector<float> keys_t, values_t, keys_n;
+    if (packing) {
+      keys_t.resize(f32_packed_size(kBackwardKeyBlock, E));
+      values_t.resize(f32_packed_size(kBackwardKeyBlock, Ev));
+      keys_n.resize(f32_packed_size(E, kBackwardKeyBlock));
+    }
+    // C [rows, n] = alpha·A·P + beta·C for P the first k rows and n columns of one of the
+    // packed operands (packed_n columns, packed_k rows) when packing, else block_gemm of
+    // op(B) = Bᵀ (trans_b) or B.
+    const auto product = [&](const float* packed, int64_t packed_n, int64_t packed_k,
+                             bool trans_b, int64_t rows, int64_t n, int64_t k, T alpha,
+                             const T* a, int64_t lda, const T* b_rows, int64_t ldb, T beta, T* c,
+                             int64_t ldc) {
+      if constexpr (std::is_same_v<T, float>) {
+        if (packing) {
+          f32_gemm_packed(false, rows, n, k, alpha, a, lda, packed, packed_n, packed_k, 0, beta,
+                          c, ldc);
+          return;
+        }
+      }
+      block_gemm(p, false, trans_b, rows, n, k, alpha, a, lda, b_rows, ldb, beta, c, ldc);
+    };
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / chunks, chunk = task % chunks;
       T* dq = (chunk == 0 ? grad_query : dq_parts.data() + (chunk - 1) * dq_size) +
@@ -359,6 +384,13 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
         const int64_t cols = std::min(kBackwardKeyBlock, p.len_k - j0);
         T* dk = grad_key + (b * p.len_k + j0) * E;
         T* dv = grad_value + (b * p.len_k + j0) * Ev;
+        if constexpr (std::is_same_v<T, float>) {
+          if (packing) {
+            f32_pack_b(true, cols, E, p.key.row(b, j0), p.key.row_stride, keys_t.data());
+            f32_pack_b(true, cols, Ev, p.value.row(b, j0), p.value.row_stride, values_t.data());
+            f32_pack_b(false, E, cols, p.key.row(b, j0), p.key.row_stride, keys_n.data());
+          }
+        }
         // Under the causal mask, queries before j0 see none of these keys.
         const int64_t i_start = p.causal ? (j0 / kBackwardQueryBlock) * kBackwardQueryBlock : 0;
         if (grad_weights && i_start > 0 && p.len_q > 0) {
@@ -370,6 +402,11 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
         }
         for (int64_t i0 = i_start; i0 < p.len_q; i0 += kBackwardQueryBlock) {
           const int64_t rows = std::min(kBackwardQueryBlock, p.len_q - i0);
+          // Under the causal mask the block's rows see at most the keys up to its last row:
+          // the rest have P = dS = 0 and are skipped (but for dP, which grad_weights wants
+          // at every position).
+          const int64_t vis = p.causal && !grad_weights ? std::min(cols, i0 + rows - j0) : cols;
+          if (vis <= 0) continue;
           const T* q = p.query.row(b, i0);
           const T* dout = grad_output.row(b, i0);
           // P_ij: the forward's weights when it kept them, else recomputed from the scores.
@@ -379,37 +416,38 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
             probs_ij = weights + (b * p.len_q + i0) * p.len_k + j0;
             ld_probs = p.len_k;
           } else {
-            block_gemm(p, false, true, rows, cols, E, p.scale, q, p.query.row_stride,
-                       p.key.row(b, j0), p.key.row_stride, T(0), probs.data(), ld);
-            probs_from_lse(probs.data(), rows, cols, ld, mask_block(p, b, i0, j0),
+            product(keys_t.data(), cols, E, true, rows, vis, E, p.scale, q, p.query.row_stride,
+                    p.key.row(b, j0), p.key.row_stride, T(0), probs.data(), ld);
+            probs_from_lse(probs.data(), rows, vis, ld, mask_block(p, b, i0, j0),
                            p.mask.row_stride, visible_base(p, i0, j0),
                            logsumexp + b * p.len_q + i0);
           }
           // dV_j += Pᵀ·dO_i
-          block_gemm(p, true, false, cols, Ev, rows, T(1), probs_ij, ld_probs, dout,
+          block_gemm(p, true, false, vis, Ev, rows, T(1), probs_ij, ld_probs, dout,
                      grad_output.row_stride, T(1), dv, Ev);
           // dP = dO_i·V_jᵀ, then dS = P ⊙ (dP − delta)
-          block_gemm(p, false, true, rows, cols, Ev, T(1), dout, grad_output.row_stride,
-                     p.value.row(b, j0), p.value.row_stride, T(0), dprobs.data(), ld);
+          product(values_t.data(), cols, Ev, true, rows, vis, Ev, T(1), dout,
+                  grad_output.row_stride, p.value.row(b, j0), p.value.row_stride, T(0),
+                  dprobs.data(), ld);
           if (grad_weights) {
             T* gw = grad_weights + (b * p.len_q + i0) * p.len_k + j0;
             for (int64_t r = 0; r < rows; ++r) {
               std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + cols, gw + r * p.len_k);
             }
           }
-          softmax_grad_block(probs_ij, ld_probs, dprobs.data(), ld, rows, cols,
+          softmax_grad_block(probs_ij, ld_probs, dprobs.data(), ld, rows, vis,
                              delta.data() + b * p.len_q + i0);
           if (grad_mask) {
             T* gm = grad_mask + (b * p.len_q + i0) * p.len_k + j0;
             for (int64_t r = 0; r < rows; ++r) {
-              std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + cols, gm + r * p.len_k);
+              std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + vis, gm + r * p.len_k);
             }
           }
           // dK_j += scale·dSᵀ·Q_i ;  dQ_i += scale·dS·K_j
-          block_gemm(p, true, false, cols, E, rows, p.scale, dprobs.data(), ld, q,
+          block_gemm(p, true, false, vis, E, rows, p.scale, dprobs.data(), ld, q,
                      p.query.row_stride, T(1), dk, E);
-          block_gemm(p, false, false, rows, E, cols, p.scale, dprobs.data(), ld, p.key.row(b, j0),
-                     p.key.row_stride, T(1), dq + i0 * E, E);
+          product(keys_n.data(), E, cols, false, rows, E, vis, p.scale, dprobs.data(), ld,
+                  p.key.row(b, j0), p.key.row_stride, T(1), dq + i0 * E, E);
         }
       }
     }

@@ -180,7 +180,17 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   // The weights block [rows, len_k] is the score buffer: one softmax pass, no rescaling.
   T* w = weights + (b * p.len_q + i0) * p.len_k;
   const int64_t kv_end = key_end(p, i0, rows);
-  scores_gemm(p, packed, b, i0, rows, 0, kv_end, w, p.len_k);
+  // Under the causal mask (with packed heads) the products run in groups of rows, each only
+  // up to the keys its last row sees, as in forward_online; the softmax reads no further and
+  // zero-fills the rest of each row up to kv_end.
+  const int64_t group = p.causal && packed.key != nullptr ? kCausalRowGroup : rows;
+  const auto group_keys = [&](int64_t r0, int64_t g) {
+    return p.causal ? std::min(kv_end, i0 + r0 + g) : kv_end;
+  };
+  for (int64_t r0 = 0; r0 < rows; r0 += group) {
+    const int64_t g = std::min(group, rows - r0);
+    scores_gemm(p, packed, b, i0 + r0, g, 0, group_keys(r0, g), w + r0 * p.len_k, p.len_k);
+  }
   online_softmax_block(w, rows, kv_end, p.len_k, mask_block(p, b, i0, 0), p.mask.row_stride,
                        visible_base(p, i0, 0), row_max, row_sum, scratch);
   // On bfloat16 operands P·V takes exp(s − max) before the normalization, as the online path
@@ -198,7 +208,11 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
     std::fill(out, out + rows * p.dim_v, T(0));
     return;
   }
-  values_gemm(p, packed, b, rows, 0, kv_end, w, p.len_k, T(0), out);
+  for (int64_t r0 = 0; r0 < rows; r0 += group) {
+    const int64_t g = std::min(group, rows - r0);
+    values_gemm(p, packed, b, g, 0, group_keys(r0, g), w + r0 * p.len_k, p.len_k, T(0),
+                out + r0 * p.dim_v);
+  }
 }
 
 template <typename T>

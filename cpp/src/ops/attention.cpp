@@ -45,9 +45,10 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const 
     // sum is float32, and only the results are rounded (the log-sum-exp stays float32, as on
     // CUDA). For bfloat16 the products may round the probabilities to bfloat16, as torch's
     // bfloat16 kernel does, to run on the CPU's bfloat16 dot products.
+    const auto wide = widened_to_float({query, key, value});
     auto [output, lse, weights] =
-        sdpa_forward_impl(to_float(query), to_float(key), to_float(value), attn_mask, is_causal,
-                          scale, need_weights, bf16_products(query));
+        sdpa_forward_impl(wide[0], wide[1], wide[2], attn_mask, is_causal, scale, need_weights,
+                          bf16_products(query));
     return {output.to(query.scalar_type()), lse, weights.to(query.scalar_type())};
   }
   const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
@@ -92,10 +93,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     // products on bfloat16 operands (P and dS rounded, as in torch's bfloat16 kernel).
     std::optional<Tensor> weights32;
     if (weights && weights->defined()) weights32 = to_float(*weights);
-    auto [dq, dk, dv, dmask, dweights] = sdpa_backward_impl(
-        to_float(grad_output), to_float(query), to_float(key), to_float(value), attn_mask,
-        is_causal, scale, to_float(output), logsumexp, weights32, grad_mask, grad_weights,
-        bf16_products(query));
+    const auto wide = widened_to_float({grad_output, query, key, value, output});
+    auto [dq, dk, dv, dmask, dweights] =
+        sdpa_backward_impl(wide[0], wide[1], wide[2], wide[3], attn_mask, is_causal, scale,
+                           wide[4], logsumexp, weights32, grad_mask, grad_weights,
+                           bf16_products(query));
     const auto dtype = query.scalar_type();
     const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
     return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype),

@@ -85,7 +85,8 @@ class WeightsPool {
     void* data = nullptr;
     if (posix_memalign(&data, kHugePage, capacity) != 0) data = nullptr;
     TORCH_CHECK_WITH(OutOfMemoryError, data != nullptr, "attnlab.scaled_dot_product_attention: could not "
-                      "allocate ", capacity, " bytes for the attention weights");
+                      "allocate ", capacity, " bytes for the attention weights or the widened "
+                      "inputs");
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     madvise(data, capacity, MADV_HUGEPAGE);
 #endif
@@ -119,17 +120,44 @@ class WeightsPool {
 
 }  // namespace
 
+namespace {
+
+// A buffer from the pool (CPU only).
+at::Tensor pooled_empty(at::IntArrayRef shape, const at::TensorOptions& options) {
+  const size_t bytes = c10::multiply_integers(shape) * options.dtype().itemsize();
+  size_t capacity = 0;
+  void* data = WeightsPool::instance().take(bytes, capacity);
+  return at::from_blob(
+      data, shape, [capacity](void* block) { WeightsPool::instance().give(block, capacity); },
+      options);
+}
+
+}  // namespace
+
 at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options) {
   const size_t bytes = c10::multiply_integers(shape) * options.dtype().itemsize();
   // Below 2 MiB malloc keeps freed memory for reuse itself.
   if (options.device().type() != at::kCPU || bytes < WeightsPool::kHugePage) {
     return at::empty(shape, options);
   }
-  size_t capacity = 0;
-  void* data = WeightsPool::instance().take(bytes, capacity);
-  return at::from_blob(
-      data, shape, [capacity](void* block) { WeightsPool::instance().give(block, capacity); },
-      options);
+  return pooled_empty(shape, options);
+}
+
+std::vector<at::Tensor> widened_to_float(std::initializer_list<at::Tensor> tensors) {
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
+  const auto options = tensors.begin()->options().dtype(at::kFloat);
+  // Small ones: malloc keeps freed memory for reuse itself.
+  at::Tensor buffer = total * 4 < (int64_t(256) << 10)
+                          ? at::empty({total}, options)
+                          : pooled_empty({total}, options);
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const auto& t : tensors) {
+    out.push_back(buffer.narrow(0, offset, t.numel()).view(t.sizes()).copy_(t));
+    offset += t.numel();
+  }
+  return out;
 }
 
 }  // namespace attnlab

@@ -64,6 +64,13 @@ at::Tensor rows_contiguous(const at::Tensor& t);
 // pages cost a page fault and the kernel's zeroing each, several times the normalizer itself.
 at::Tensor empty_weights(at::IntArrayRef shape, const at::TensorOptions& options);
 
+// float32 copies of CPU tensors (same shapes, contiguous), in one buffer that comes from the
+// weights' pool when it is large: the reduced-precision paths widen their inputs on every call,
+// and fresh memory for each copy cost the page faults and zeroing of every page (17 % of a
+// bfloat16 forward's time at (8, 8, 512, 64), in the kernel's page-fault handler). Below
+// 256 KiB, at::empty.
+std::vector<at::Tensor> widened_to_float(std::initializer_list<at::Tensor> tensors);
+
 // Everything the CPU attention kernels need, with the storage it points into.
 template <typename T>
 struct PreparedProblem {

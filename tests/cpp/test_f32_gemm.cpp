@@ -108,6 +108,56 @@ TEST(F32Gemm, RaggedShapesAllTransposesMatchFloat64) {
   EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
 }
 
+// f32_gemm_packed on op(B) placed inside a larger packed operand: from row kRow0 of op(B') (37
+// rows before it) and its first n of n + 19 columns, packed by f32_pack_b with B' stored as
+// asked (trans_b: B'ᵀ row-major), so that both packings and the sub-ranges the attention
+// kernels take (key blocks, a causal block's first columns) are checked.
+constexpr int64_t kRow0 = 37, kExtraCols = 19;
+void packed_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const int64_t big_k = kRow0 + k + 5, big_n = n + kExtraCols;
+  // op(B') [big_k × big_n]: op(B) at rows kRow0.., columns 0..n; everything else 1e6 (a
+  // product that read it would be far off).
+  std::vector<float> big(big_k * big_n, 1e6f);
+  for (int64_t p = 0; p < k; ++p) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float x = tb ? b[j * ldb + p] : b[p * ldb + j];
+      if (tb) {
+        big[j * big_k + kRow0 + p] = x;  // B'ᵀ stored row-major: [big_n × big_k]
+      } else {
+        big[(kRow0 + p) * big_n + j] = x;
+      }
+    }
+  }
+  std::vector<float> packed(attnlab::cpu::f32_packed_size(big_n, big_k));
+  attnlab::cpu::f32_pack_b(tb, big_n, big_k, big.data(), tb ? big_k : big_n, packed.data());
+  attnlab::cpu::f32_gemm_packed(ta, m, n, k, alpha, a, lda, packed.data(), big_n, big_k, kRow0,
+                                beta, c, ldc);
+}
+
+TEST(F32Gemm, PackedOperandsAndSumsLongerThanAChunk) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_packed needs AVX-512";
+  std::mt19937 rng(13);
+  int cases = 0, wrong = 0;
+  for (const bool trans_a : {false, true}) {
+    for (const bool trans_b : {false, true}) {
+      for (const int64_t m : {1, 9, 70}) {
+        for (const int64_t n : {1, 17, 40, 64}) {
+          // k across the 256-step chunks of the sum (kChunk in f32_gemm.cpp).
+          for (const int64_t k : {1, 31, 255, 256, 257, 600}) {
+            for (const GemmFn fn : {&packed_gemm, &f32_gemm}) {
+              wrong += run_case(fn, {trans_a, trans_b, m, n, k, 1.0f, 0.0f, 3}, rng);
+              wrong += run_case(fn, {trans_a, trans_b, m, n, k, 0.75f, -1.5f, 0}, rng);
+              cases += 2;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
+}
+
 TEST(F32Gemm, AttentionAndEncoderShapesMatchFloat64) {
   std::mt19937 rng(11);
   // The blocked attention's products (Q·Kᵀ, P·V, Pᵀ·dO, dS·K) and the encoder layer's

@@ -1,6 +1,7 @@
 #pragma once
 // Row-major float32 GEMM on AVX-512 FMA, of attnlab's own: op(B) packed in column panels per
-// call, op(A) broadcast from memory, an 8-row register block, beta = 0 without reading C. At the
+// call (in chunks of 256 steps of the sum, which stay in the L1 cache), op(A) broadcast from
+// memory, an 8-row register block, beta = 0 without reading C. At the
 // attention's and the encoder's block sizes it costs less than a sequential BLAS call, whose
 // packing copies and C scaling weigh on products this small (see cpu/blas.cpp for the figures).
 

@@ -1,9 +1,12 @@
-// The branch-free float exp and log of the CPU kernels against the C library in double.
+// The branch-free float exp and log of the CPU kernels against the C library in double, and the
+// softmax rows' exp (its AVX-512 form where the CPU has it) likewise.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include <gtest/gtest.h>
 
+#include "cpu/softmax_rows.h"
 #include "cpu/vec_math.h"
 
 namespace {
@@ -50,6 +53,38 @@ TEST(VecMath, ExpNonpositiveWithin3e7RelativeAndZeroBelowRange) {
   EXPECT_EQ(exp_nonpositive(-200.0f), 0.0f);
   EXPECT_EQ(exp_nonpositive(-std::numeric_limits<float>::infinity()), 0.0f);
   EXPECT_TRUE(std::isnan(exp_nonpositive(std::numeric_limits<float>::quiet_NaN())));
+}
+
+// probs_from_lse with lse = 0 is exp of each score: the path the attention backward (and, with
+// the same exp, the forward's online softmax) takes, on AVX-512 where the CPU has it. A row of
+// odd length, so its last vector is partial.
+TEST(VecMath, SoftmaxRowExpWithin3e7RelativeZeroBelowRangeNaNKept) {
+  std::vector<float> x;
+  for (float v = 0.0f; v > -87.0f; v -= 0.00137f) x.push_back(v);
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float v : {-87.5f, -100.0f, -1e30f, -inf, std::numeric_limits<float>::quiet_NaN()}) {
+    x.push_back(v);
+  }
+  if (x.size() % 16 == 0) x.push_back(-1.0f);
+  const std::vector<float> in = x;
+  const float lse = 0.0f;
+  attnlab::cpu::probs_from_lse(x.data(), 1, static_cast<int64_t>(x.size()),
+                               static_cast<int64_t>(x.size()), nullptr, 0,
+                               attnlab::cpu::kAllVisible, &lse);
+  double worst = 0.0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (std::isnan(in[i])) {
+      EXPECT_TRUE(std::isnan(x[i])) << i;
+    } else if (in[i] < -87.0f) {
+      EXPECT_EQ(x[i], 0.0f) << in[i];
+    } else {
+      const double exact = std::exp(static_cast<double>(in[i]));
+      worst = std::max(worst, std::fabs(x[i] - exact) / exact);
+      EXPECT_TRUE(std::isnormal(x[i])) << in[i];
+    }
+  }
+  EXPECT_LT(worst, 3e-7);
+  EXPECT_EQ(x[0], 1.0f);
 }
 
 }  // namespace

@@ -3,8 +3,9 @@
 Prints markdown tables, each headed by the machine (CPU model and ISA, threads, versions):
 - per dtype (float32, bfloat16, float16): median times of attnlab and
   torch.nn.functional.scaled_dot_product_attention at the same dtype (forward, forward+backward;
-  causal and not); for float32 also the share of the float32 GEMM rate measured in the same run
-  that the attention reaches at L >= 512 (FLOPs 4·B·H·L²·E forward, 2.5× that for the backward,
+  causal and not); for float32 also the share of the float32 GEMM rate (a torch.mm of 2048²
+  timed in the same alternating rounds as the row's attentions) that the attention reaches at
+  L >= 512 (FLOPs 4·B·H·L²·E forward, 2.5× that for the backward,
   halved when causal);
 - attnlab with need_weights=True against attnlab without weights and against the plain
   matmul → softmax → matmul formulation;
@@ -63,21 +64,35 @@ def inputs(B, H, L, E, dtype):
     return [torch.randn(B, H, L, E, generator=gen).to(dtype).requires_grad_() for _ in range(3)]
 
 
-def speed_table(dtype, min_run_time, gflops):
-    """attnlab against torch's SDPA at one dtype; with gflops (the float32 GEMM rate), the
-    share of it the attention reaches at L >= 512."""
+GEMM_SIZE = 2048
+
+
+def speed_table(dtype, min_run_time, gemm_share):
+    """attnlab against torch's SDPA at one dtype; with gemm_share, the share of the float32 GEMM
+    rate the attention reaches at L >= 512. That rate comes from a torch.mm of GEMM_SIZE²
+    timed in the same alternating rounds as the row's two attentions, so that a slow spell of
+    the machine (they last seconds to minutes on a shared host) slows all three alike."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, generator=gen) for _ in range(2))
     rows = []
     for B, H, L, E in SHAPES:
         q, k, v = inputs(B, H, L, E, dtype)
+        with_gemm = gemm_share and L >= 512
         for is_causal in (False, True):
             for backward in (False, True):
-                ours, theirs = compare([runner(fn, q, k, v, is_causal, backward)
-                                        for fn in (attnlab_output, torch_output)], min_run_time)
+                fns = [runner(fn, q, k, v, is_causal, backward)
+                       for fn in (attnlab_output, torch_output)]
+                if with_gemm:
+                    fns.append(lambda: torch.mm(a, b))
+                ours, theirs, *gemm = compare(fns, min_run_time)
                 row = [f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
                        f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{theirs / ours:.2f}"]
-                if gflops:
-                    rate = attention_flops(B, H, L, E, is_causal, backward) / ours / 1e9
-                    row.append(f"{100 * rate / gflops:.0f} %" if L >= 512 else "")
+                if gemm_share:
+                    share = ""
+                    if with_gemm:
+                        rate = attention_flops(B, H, L, E, is_causal, backward) / ours
+                        share = f"{100 * rate / (2 * GEMM_SIZE ** 3 / gemm[0]):.0f} %"
+                    row.append(share)
                 rows.append(row)
                 print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -139,10 +154,11 @@ def main():
 
     print(f"Machine: {machine_description()}\n")
     gflops = sgemm_gflops(args.min_run_time)
-    print(f"float32 GEMM rate in this run (torch.mm 2048², median): {gflops:.0f} GFLOP/s\n")
+    print(f"float32 GEMM rate at the start of this run (torch.mm {GEMM_SIZE}², median): "
+          f"{gflops:.0f} GFLOP/s; each row's % of the GEMM rate uses the torch.mm timed in "
+          "that row's own rounds\n")
     for name in args.dtypes:
-        rows = speed_table(DTYPES[name], args.min_run_time,
-                           gflops if name == "float32" else None)
+        rows = speed_table(DTYPES[name], args.min_run_time, name == "float32")
         print(f"attnlab vs torch.nn.functional.scaled_dot_product_attention ({name}, ms, "
               "median)\n")
         header = ["(B, H, L, E)", "causal", "pass", "attnlab", "torch SDPA", "ratio"]

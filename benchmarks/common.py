@@ -2,6 +2,7 @@
 
 import json
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -29,18 +30,26 @@ def runner(fn, q, k, v, is_causal, backward):
 
 
 def compare(fns, min_run_time=0.5, rounds=5, num_threads=None):
-    """Median seconds of each function, measured in alternating rounds so that a slow spell of
-    the machine hits all of them alike, on num_threads intra-op threads (default: torch's
-    current number; torch.utils.benchmark.Timer would otherwise use one)."""
+    """Median seconds of each function, measured in alternating rounds (each round in a new
+    order, shuffled with a fixed seed) so that a slow spell of the machine hits all of them
+    alike, on num_threads intra-op threads (default: torch's current number;
+    torch.utils.benchmark.Timer would otherwise use one)."""
     num_threads = num_threads or torch.get_num_threads()
     for fn in fns:
         for _ in range(3):
             fn()
     samples = [[] for _ in fns]
+    order = list(range(len(fns)))
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for fn, times in zip(fns, samples):
-            timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=num_threads)
-            times.append(timer.blocked_autorange(min_run_time=min_run_time / rounds).median)
+        # A function that always ran right after the same other one would inherit its
+        # after-effects (a plain attention that frees 268 MB just before made attnlab's next
+        # forward at (2, 8, 2048, 64) 1.13-1.18x slower instead of 1.01-1.08x, in one process on
+        # an Intel Xeon), so the order changes every round.
+        shuffle(order)
+        for j in order:
+            timer = Timer(stmt="fn()", globals={"fn": fns[j]}, num_threads=num_threads)
+            samples[j].append(timer.blocked_autorange(min_run_time=min_run_time / rounds).median)
     return [statistics.median(times) for times in samples]
 
 

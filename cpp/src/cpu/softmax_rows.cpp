@@ -261,6 +261,48 @@ ATTNLAB_AVX512 void probs_from_lse16(float* s, int64_t rows, int64_t cols, int64
 }
 #endif
 
+#ifdef ATTNLAB_HAVE_AVX512_EXP
+// Columns [c, c + 16) of a stream_scaled_rows row, in `lanes`: src·factor before cols, 0 from
+// there.
+ATTNLAB_AVX512_INLINE __m512 scaled_or_zero16(const float* src, int64_t c, int64_t cols,
+                                              __mmask16 lanes, __m512 factor) {
+  const int64_t valid = std::clamp<int64_t>(cols - c, 0, 16);
+  const __mmask16 in_src = lanes & __mmask16((1u << valid) - 1);
+  return _mm512_maskz_mul_ps(in_src, _mm512_maskz_loadu_ps(in_src, src + c), factor);
+}
+
+// One row of stream_scaled_rows: a masked head up to dst's next 64-byte boundary, whole
+// aligned vectors streamed, a masked tail.
+ATTNLAB_AVX512_INLINE void stream_scaled_row(const float* src, float* dst, int64_t cols,
+                                             int64_t width, float factor) {
+  const __m512 f = _mm512_set1_ps(factor);
+  const int64_t misaligned = static_cast<int64_t>(reinterpret_cast<uintptr_t>(dst) / 4 % 16);
+  int64_t c = 0;
+  if (misaligned != 0) {
+    const int64_t head = std::min<int64_t>(16 - misaligned, width);
+    const __mmask16 lanes = __mmask16((1u << head) - 1);
+    _mm512_mask_storeu_ps(dst, lanes, scaled_or_zero16(src, 0, cols, lanes, f));
+    c = head;
+  }
+  for (; c + 16 <= width; c += 16) {
+    _mm512_stream_ps(dst + c, scaled_or_zero16(src, c, cols, __mmask16(0xFFFF), f));
+  }
+  if (c < width) {
+    const __mmask16 lanes = __mmask16((1u << (width - c)) - 1);
+    _mm512_mask_storeu_ps(dst + c, lanes, scaled_or_zero16(src, c, cols, lanes, f));
+  }
+}
+
+ATTNLAB_AVX512 void stream_scaled_rows16(const float* src, int64_t lds, float* dst, int64_t ldd,
+                                         int64_t rows, int64_t cols, int64_t width,
+                                         const float* factor) {
+  for (int64_t r = 0; r < rows; ++r) {
+    stream_scaled_row(src + r * lds, dst + r * ldd, cols, width, factor[r]);
+  }
+  _mm_sfence();  // the streamed lines are visible to other threads before this returns
+}
+#endif
+
 bool online_softmax_block_avx512(float* s, int64_t rows, int64_t cols, int64_t ld,
                                  const float* mask, int64_t mask_ld, int64_t visible_base,
                                  float* row_max, float* row_sum, float* correction) {
@@ -293,6 +335,17 @@ bool probs_from_lse_avx512(double*, int64_t, int64_t, int64_t, const double*, in
 }
 
 }  // namespace
+
+bool stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                        int64_t cols, int64_t width, const float* factor) {
+#ifdef ATTNLAB_HAVE_AVX512_EXP
+  if (has_avx512_core()) {
+    stream_scaled_rows16(src, lds, dst, ldd, rows, cols, width, factor);
+    return true;
+  }
+#endif
+  return false;
+}
 
 #define ATTNLAB_FOR_FLOAT_TYPES(X) X(float) X(double)
 

@@ -43,6 +43,13 @@ void softmax_grad_block(const double* p, int64_t ldp, double* dp, int64_t lddp, 
 void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* factor);
 void scale_rows(double* x, int64_t rows, int64_t cols, int64_t ld, const double* factor);
 
+// dst[r, c] = src[r, c]·factor[r] for c < cols and 0 for cols <= c < width, written with
+// non-temporal stores (no read of dst's lines first, none kept in cache): for results that
+// nothing reads back soon, such as the attention weights. Returns false, writing nothing, where
+// the CPU lacks AVX-512 (the caller then writes them itself).
+bool stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                        int64_t cols, int64_t width, const float* factor);
+
 // out[r] = Σ_c a[r, c]·b[r, c].
 void row_dots(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows,
               int64_t cols, float* out);

@@ -189,6 +189,33 @@ def test_blocked_weights_and_the_backward_that_reuses_them(name, dtype):
             (label, ours_err, torch_err)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_blocked_forward_of_broadcast_and_strided_inputs(causal, dtype):
+    # The forward widens float16/bfloat16 inputs one batch entry at a time, keeping an entry's
+    # widened and packed K and V for the next task when they are the same rows: broadcast K
+    # (over heads) and V (over the batch), and queries whose rows are not contiguous, must each
+    # be read as the batch entry's own.
+    gen = torch.Generator().manual_seed(6)
+    L = 300
+    q = torch.randn(2, L, 3, 64, generator=gen).to(dtype).transpose(1, 2)
+    k = torch.randn(2, 1, L, 64, generator=gen).to(dtype)
+    v = torch.randn(1, 3, L, 48, generator=gen).to(dtype)
+    mask = None if causal else torch.randn(L, L, generator=gen).to(dtype)
+    full = [t.expand(2, 3, L, t.shape[-1]) for t in (q, k, v)]
+    ref, ref_w = reference_attention(*full, mask, causal)
+    out, weights = attnlab.scaled_dot_product_attention(q, k, v, mask, causal, need_weights=True)
+    theirs = F.scaled_dot_product_attention(*full, mask, is_causal=causal)
+    assert out.dtype == dtype and out.shape == (2, 3, L, 48)
+    ours_err, torch_err = _max_err(out, ref), _max_err(theirs, ref)
+    assert ours_err <= 2 * torch_err + EPS[dtype] * ref.abs().max().item() / 4, \
+        (ours_err, torch_err)
+    plain, _ = attnlab.scaled_dot_product_attention(q, k, v, mask, causal)
+    assert _max_err(plain, ref) <= 2 * torch_err + EPS[dtype] * ref.abs().max().item() / 4
+    tiny = 2.0 ** -24 if dtype == torch.float16 else 0.0
+    torch.testing.assert_close(weights.double(), ref_w, atol=tiny, rtol=EPS[dtype])
+
+
 def _cpu_flags():
     try:
         with open("/proc/cpuinfo") as f:

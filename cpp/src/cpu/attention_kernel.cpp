@@ -78,18 +78,23 @@ struct PackedHead {
 // blocks one after another).
 class HeadPacker {
  public:
+  // id_k, id_v: what identifies the entry's K and V (their float rows by default; the
+  // narrow inputs' rows when HeadWidener made the float ones, in buffers reused per entry).
   template <typename T>
-  PackedHead get(const AttentionProblem<T>& p, int64_t b) {
+  PackedHead get(const AttentionProblem<T>& p, int64_t b, const void* id_k = nullptr,
+                 const void* id_v = nullptr) {
     if constexpr (std::is_same_v<T, float>) {
       const float* k = p.key.row(b, 0);
       const float* v = p.value.row(b, 0);
-      if (k != key_ || v != value_) {
+      if (id_k == nullptr) id_k = k;
+      if (id_v == nullptr) id_v = v;
+      if (id_k != key_ || id_v != value_) {
         keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
         values_.resize(f32_packed_size(p.dim_v, p.len_k));
         f32_pack_b(true, p.len_k, p.dim_qk, k, p.key.row_stride, keys_.data());
         f32_pack_b(false, p.dim_v, p.len_k, v, p.value.row_stride, values_.data());
-        key_ = k;
-        value_ = v;
+        key_ = id_k;
+        value_ = id_v;
       }
       return {keys_.data(), values_.data()};
     } else {
@@ -98,9 +103,51 @@ class HeadPacker {
   }
 
  private:
-  const float* key_ = nullptr;
-  const float* value_ = nullptr;
+  const void* key_ = nullptr;
+  const void* value_ = nullptr;
   std::vector<float> keys_, values_;
+};
+
+// Per thread, for AttentionProblem::narrow: the problem with the float16/bfloat16 Q, K and V of
+// one batch entry widened into buffers (each widened again only when the next task's entry has
+// other rows), at batch offsets of 0 so that row(b, r) of any entry reads them.
+class HeadWidener {
+ public:
+  const AttentionProblem<float>& get(const AttentionProblem<float>& p, int64_t b) {
+    if (zeros_.empty()) {
+      local_ = p;
+      zeros_.assign(p.batch, 0);
+      q_.resize(p.len_q * p.dim_qk);
+      k_.resize(p.len_k * p.dim_qk);
+      v_.resize(p.len_k * p.dim_v);
+      local_.query = {q_.data(), zeros_.data(), p.dim_qk};
+      local_.key = {k_.data(), zeros_.data(), p.dim_qk};
+      local_.value = {v_.data(), zeros_.data(), p.dim_v};
+    }
+    const bool bf16 = p.narrow == AttentionProblem<float>::Narrow::bfloat16;
+    widen(p.query16, b, p.len_q, p.dim_qk, bf16, q_, query_);
+    widen(p.key16, b, p.len_k, p.dim_qk, bf16, k_, key_);
+    widen(p.value16, b, p.len_k, p.dim_v, bf16, v_, value_);
+    return local_;
+  }
+  const void* key_id() const { return key_; }
+  const void* value_id() const { return value_; }
+
+ private:
+  static void widen(const BatchedRows<uint16_t>& x, int64_t b, int64_t rows, int64_t cols,
+                    bool bf16, std::vector<float>& out, const uint16_t*& current) {
+    const uint16_t* src = x.row(b, 0);
+    if (src == current) return;
+    f32_widen_rows(src, x.row_stride, rows, cols, bf16, out.data());
+    current = src;
+  }
+
+  AttentionProblem<float> local_;
+  std::vector<int64_t> zeros_;
+  std::vector<float> q_, k_, v_;
+  const uint16_t* query_ = nullptr;
+  const uint16_t* key_ = nullptr;
+  const uint16_t* value_ = nullptr;
 };
 
 // Whether the forward's blocked path packs each head once (HeadPacker): float32 products on
@@ -285,6 +332,11 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
 
 }  // namespace
 
+bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
+  return f32_gemm_available() && len_k > 0 &&
+         !small_attention_fits<float>(len_k, dim_qk, dim_v);
+}
+
 template <typename T>
 void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights) {
   const int64_t block_q =
@@ -318,20 +370,32 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
         weights && weights_through_buffer<T>(block_q, p.len_k) ? block_q * p.len_k : 0);
     HeadPacker packer;
     const bool packing = pack_heads(p);
+    HeadWidener widener;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
-      const PackedHead packed = packing ? packer.get(p, b) : PackedHead{};
+      const AttentionProblem<T>* head = &p;
+      PackedHead packed{};
+      if constexpr (std::is_same_v<T, float>) {
+        if (p.narrow != AttentionProblem<T>::Narrow::none) {
+          head = &widener.get(p, b);
+          packed = packer.get(*head, b, widener.key_id(), widener.value_id());
+        } else if (packing) {
+          packed = packer.get(p, b);
+        }
+      } else if (packing) {
+        packed = packer.get(p, b);
+      }
       const int64_t rows = std::min(block_q, p.len_q - i0);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       T* out = output + (b * p.len_q + i0) * p.dim_v;
       T* lse = logsumexp + b * p.len_q + i0;
       if (weights) {
-        forward_with_weights(p, packed, b, i0, rows, out, lse, weights, row_max.data(),
+        forward_with_weights(*head, packed, b, i0, rows, out, lse, weights, row_max.data(),
                              row_sum.data(), correction.data(),
                              weights_block.empty() ? nullptr : weights_block.data());
       } else {
-        forward_online(p, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
+        forward_online(*head, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
                        correction.data(), scores.data());
       }
     }

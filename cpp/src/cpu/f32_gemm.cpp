@@ -260,9 +260,32 @@ ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t 
                          c, ldc);
 }
 
+ATTNLAB_F32 void f32_widen_rows_avx512(const uint16_t* src, int64_t ld, int64_t rows,
+                                       int64_t cols, bool bf16, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* s = src + r * ld;
+    float* d = dst + r * cols;
+    for (int64_t c = 0; c < cols; c += kL) {
+      const __mmask16 lanes = first_lanes(cols - c);
+      const __m256i bits = _mm256_maskz_loadu_epi16(lanes, s + c);
+      // (masked forms: the unmasked ones pass GCC 12 an uninitialized vector)
+      const __m512 x =
+          bf16 ? _mm512_castsi512_ps(_mm512_maskz_slli_epi32(
+                     lanes, _mm512_maskz_cvtepu16_epi32(lanes, bits), 16))
+               : _mm512_maskz_cvtph_ps(lanes, bits);
+      _mm512_mask_storeu_ps(d + c, lanes, x);
+    }
+  }
+}
+
 }  // namespace
 
 bool f32_gemm_available() { return has_avx512_core(); }
+
+void f32_widen_rows(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, bool bf16,
+                    float* dst) {
+  f32_widen_rows_avx512(src, ld, rows, cols, bf16, dst);
+}
 
 void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
                 float* packed) {
@@ -285,6 +308,8 @@ void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
 
 void f32_gemm_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                      int64_t, int64_t, int64_t, float, float*, int64_t) {}
+
+void f32_widen_rows(const uint16_t*, int64_t, int64_t, int64_t, bool, float*) {}
 
 #endif
 

@@ -40,4 +40,9 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
                      int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
                      int64_t row0, float beta, float* c, int64_t ldc);
 
+// dst[r·cols + c] = float(src[r·ld + c]) for rows × cols float16 (bfloat16 when `bf16`) values
+// given as their bits. Only where f32_gemm_available().
+void f32_widen_rows(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, bool bf16,
+                    float* dst);
+
 }  // namespace attnlab::cpu

@@ -40,6 +40,24 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const 
                                                      bool is_causal, std::optional<double> scale,
                                                      bool need_weights, bool bf16_operands) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  if (reduced_precision(query) && !bf16_products(query) &&
+      cpu::forward_widens_heads(key.size(-2), query.size(-1), value.size(-1))) {
+    // float16 and bfloat16 on the float32 kernel, which widens each batch entry's inputs
+    // itself; every sum is float32 and only the results are rounded (the log-sum-exp stays
+    // float32, as on CUDA).
+    const auto options = query.options().dtype(at::kFloat);
+    const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
+    Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
+    Tensor lse = at::empty(with_tail(batch, {len_q}), options);
+    Tensor weights = need_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
+                                  : at::empty({0}, options);
+    PreparedProblem<float> prepared(query, key, value, attn_mask, is_causal, scale, batch,
+                                    /*narrow_inputs=*/true);
+    cpu::attention_forward<float>(prepared.problem, output.data_ptr<float>(),
+                                  lse.data_ptr<float>(),
+                                  need_weights ? weights.data_ptr<float>() : nullptr);
+    return {output.to(query.scalar_type()), lse, weights.to(query.scalar_type())};
+  }
   if (reduced_precision(query)) {
     // float16 and bfloat16 run through the float32 kernel: the inputs are widened once, every
     // sum is float32, and only the results are rounded (the log-sum-exp stays float32, as on

@@ -48,7 +48,13 @@ cpu::BatchedRows<T> batched_rows(const at::Tensor& t, at::IntArrayRef batch,
   }
   const int64_t row_stride =
       shape[dims] <= 1 ? std::max<int64_t>(1, shape[dims + 1]) : strides[dims];
-  return {t.data_ptr<T>(), offsets.data(), row_stride};
+  const T* data;
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    data = static_cast<const uint16_t*>(t.const_data_ptr());  // float16/bfloat16 bits
+  } else {
+    data = t.data_ptr<T>();
+  }
+  return {data, offsets.data(), row_stride};
 }
 
 // The softmax scale: `scale`, else 1/sqrt(dim_qk).
@@ -81,7 +87,8 @@ struct PreparedProblem {
 
   PreparedProblem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                   const std::optional<at::Tensor>& attn_mask, bool is_causal,
-                  std::optional<double> scale, std::vector<int64_t> batch_shape)
+                  std::optional<double> scale, std::vector<int64_t> batch_shape,
+                  bool narrow_inputs = false)
       : batch(std::move(batch_shape)),
         query(rows_contiguous(q)),
         key(rows_contiguous(k)),
@@ -94,11 +101,28 @@ struct PreparedProblem {
     p.dim_v = v.size(-1);
     p.causal = is_causal;
     p.scale = static_cast<T>(resolve_scale(scale, p.dim_qk));
-    p.query = batched_rows<T>(query, batch, q_offsets);
-    p.key = batched_rows<T>(key, batch, k_offsets);
-    p.value = batched_rows<T>(value, batch, v_offsets);
+    if constexpr (std::is_same_v<T, float>) {
+      if (narrow_inputs) {
+        // float16/bfloat16 q, k, v that the kernel widens itself (AttentionProblem::narrow)
+        using Narrow = typename cpu::AttentionProblem<T>::Narrow;
+        p.narrow = q.scalar_type() == at::kBFloat16 ? Narrow::bfloat16 : Narrow::float16;
+        p.query16 = batched_rows<uint16_t>(query, batch, q_offsets);
+        p.key16 = batched_rows<uint16_t>(key, batch, k_offsets);
+        p.value16 = batched_rows<uint16_t>(value, batch, v_offsets);
+      }
+    }
+    if (!narrow_inputs) {
+      p.query = batched_rows<T>(query, batch, q_offsets);
+      p.key = batched_rows<T>(key, batch, k_offsets);
+      p.value = batched_rows<T>(value, batch, v_offsets);
+    }
     if (attn_mask && attn_mask->defined()) {
-      mask = additive_mask(*attn_mask, q, p.len_k);
+      // (the mask in the kernel's type, whatever the inputs')
+      mask = additive_mask(*attn_mask, q.dtype() == at::CppTypeToScalarType<T>::value
+                                           ? q
+                                           : at::empty({0}, q.options().dtype(
+                                                                at::CppTypeToScalarType<T>::value)),
+                           p.len_k);
       const at::Tensor rows = mask.expand(with_tail(batch, {p.len_q, p.len_k}));
       p.mask = batched_rows<T>(rows, batch, mask_offsets);
       p.mask.row_stride = rows.stride(-2);  // 0 when one mask row serves every query

@@ -231,7 +231,7 @@ void finish_rows(T* x, int64_t rows, int64_t cols, int64_t ld, const T* row_max,
 template <typename T>
 bool weights_through_buffer(int64_t block_q, int64_t len_k) {
   if constexpr (std::is_same_v<T, float>) {
-    return has_avx512_core() && block_q * len_k * int64_t(sizeof(T)) <= (int64_t(1) << 20);
+    return can_stream_rows() && block_q * len_k * int64_t(sizeof(T)) <= (int64_t(1) << 20);
   } else {
     return false;
   }
@@ -285,16 +285,13 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   row_normalizers(rows, row_max, row_sum, scratch, lse);  // scratch: 1 / sum per row
   if (unnormalized_pv && kv_end > 0) scale_rows(out, rows, p.dim_v, p.dim_v, scratch);
   if constexpr (std::is_same_v<T, float>) {
-    if (block != nullptr &&
-        stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end, p.len_k, scratch)) {
+    if (block != nullptr) {  // (only where can_stream_rows: weights_through_buffer)
+      stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end, p.len_k, scratch);
       return;
     }
   }
   scale_rows(w, rows, kv_end, p.len_k, scratch);
   for (int64_t r = 0; r < rows; ++r) std::fill(w + r * p.len_k + kv_end, w + (r + 1) * p.len_k, T(0));
-  if (block != nullptr) {  // (only where streaming is unavailable: not taken)
-    for (int64_t r = 0; r < rows; ++r) std::copy(w + r * p.len_k, w + (r + 1) * p.len_k, dst + r * p.len_k);
-  }
   if (!unnormalized_pv && kv_end > 0) values_products();
 }
 

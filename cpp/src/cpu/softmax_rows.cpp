@@ -18,6 +18,10 @@ namespace {
 #ifdef ATTNLAB_HAVE_AVX512_EXP
 #define ATTNLAB_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define ATTNLAB_AVX512_INLINE ATTNLAB_AVX512 inline __attribute__((always_inline))
+#else
+#define ATTNLAB_AVX512
+#endif
+#ifdef ATTNLAB_HAVE_AVX512_EXP
 
 // exp(x − shift) for x − shift <= 0, 16 lanes, with AVX-512's own exponent instructions:
 // x − shift = n·ln2 + r (n rounded by vrndscaleps, |r| <= ln2/2, ln2 in two parts), exp(r) from
@@ -244,22 +248,32 @@ ATTNLAB_INLINE void row_dots_impl(const T* a, int64_t lda, const T* b, int64_t l
   }
 }
 
-// The float row operations on exp_shift_sum16 where the CPU has AVX-512 (checked at run time):
-// return false where it has not, or for double.
+// Whether the row operations run their AVX-512 forms (exp_shift_sum16, stream_scaled_row).
+bool rows_on_avx512() {
 #ifdef ATTNLAB_HAVE_AVX512_EXP
-ATTNLAB_AVX512 void online_softmax_block16(float* s, int64_t rows, int64_t cols, int64_t ld,
-                                           const float* mask, int64_t mask_ld,
-                                           int64_t visible_base, float* row_max, float* row_sum,
-                                           float* correction) {
-  online_softmax_block_impl<float, true>(s, rows, cols, ld, mask, mask_ld, visible_base, row_max,
-                                         row_sum, correction);
-}
-ATTNLAB_AVX512 void probs_from_lse16(float* s, int64_t rows, int64_t cols, int64_t ld,
-                                     const float* mask, int64_t mask_ld, int64_t visible_base,
-                                     const float* lse) {
-  probs_from_lse_impl<float, true>(s, rows, cols, ld, mask, mask_ld, visible_base, lse);
-}
+  return has_avx512_core();
+#else
+  return false;
 #endif
+}
+
+// The row operations compiled for AVX-512 (where this build has it), float ones on
+// exp_shift_sum16; called where rows_on_avx512().
+template <typename T>
+ATTNLAB_AVX512 void online_softmax_block16(T* s, int64_t rows, int64_t cols, int64_t ld,
+                                           const T* mask, int64_t mask_ld, int64_t visible_base,
+                                           T* row_max, T* row_sum, T* correction) {
+  online_softmax_block_impl<T, std::is_same_v<T, float>>(s, rows, cols, ld, mask, mask_ld,
+                                                         visible_base, row_max, row_sum,
+                                                         correction);
+}
+template <typename T>
+ATTNLAB_AVX512 void probs_from_lse16(T* s, int64_t rows, int64_t cols, int64_t ld,
+                                     const T* mask, int64_t mask_ld, int64_t visible_base,
+                                     const T* lse) {
+  probs_from_lse_impl<T, std::is_same_v<T, float>>(s, rows, cols, ld, mask, mask_ld,
+                                                   visible_base, lse);
+}
 
 #ifdef ATTNLAB_HAVE_AVX512_EXP
 // Columns [c, c + 16) of a stream_scaled_rows row, in `lanes`: src·factor before cols, 0 from
@@ -303,49 +317,19 @@ ATTNLAB_AVX512 void stream_scaled_rows16(const float* src, int64_t lds, float* d
 }
 #endif
 
-bool online_softmax_block_avx512(float* s, int64_t rows, int64_t cols, int64_t ld,
-                                 const float* mask, int64_t mask_ld, int64_t visible_base,
-                                 float* row_max, float* row_sum, float* correction) {
-#ifdef ATTNLAB_HAVE_AVX512_EXP
-  if (has_avx512_core()) {
-    online_softmax_block16(s, rows, cols, ld, mask, mask_ld, visible_base, row_max, row_sum,
-                           correction);
-    return true;
-  }
-#endif
-  return false;
-}
-bool online_softmax_block_avx512(double*, int64_t, int64_t, int64_t, const double*, int64_t,
-                                 int64_t, double*, double*, double*) {
-  return false;
-}
-bool probs_from_lse_avx512(float* s, int64_t rows, int64_t cols, int64_t ld, const float* mask,
-                           int64_t mask_ld, int64_t visible_base, const float* lse) {
-#ifdef ATTNLAB_HAVE_AVX512_EXP
-  if (has_avx512_core()) {
-    probs_from_lse16(s, rows, cols, ld, mask, mask_ld, visible_base, lse);
-    return true;
-  }
-#endif
-  return false;
-}
-bool probs_from_lse_avx512(double*, int64_t, int64_t, int64_t, const double*, int64_t, int64_t,
-                           const double*) {
-  return false;
-}
-
 }  // namespace
 
-bool stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
-                        int64_t cols, int64_t width, const float* factor) {
+bool can_stream_rows() { return rows_on_avx512(); }
+
 #ifdef ATTNLAB_HAVE_AVX512_EXP
-  if (has_avx512_core()) {
-    stream_scaled_rows16(src, lds, dst, ldd, rows, cols, width, factor);
-    return true;
-  }
-#endif
-  return false;
+void stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+                        int64_t cols, int64_t width, const float* factor) {
+  stream_scaled_rows16(src, lds, dst, ldd, rows, cols, width, factor);
 }
+#else
+void stream_scaled_rows(const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t,
+                        const float*) {}
+#endif
 
 #define ATTNLAB_FOR_FLOAT_TYPES(X) X(float) X(double)
 
@@ -354,8 +338,9 @@ bool stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, 
                                                const T* mask, int64_t mask_ld,                 \
                                                int64_t visible_base, T* row_max, T* row_sum,   \
                                                T* correction) {                                \
-    if (online_softmax_block_avx512(s, rows, cols, ld, mask, mask_ld, visible_base, row_max,   \
-                                    row_sum, correction)) {                                    \
+    if (rows_on_avx512()) {                                                                    \
+      online_softmax_block16(s, rows, cols, ld, mask, mask_ld, visible_base, row_max, row_sum, \
+                             correction);                                                      \
       return;                                                                                  \
     }                                                                                          \
     online_softmax_block_impl(s, rows, cols, ld, mask, mask_ld, visible_base, row_max,         \
@@ -364,7 +349,10 @@ bool stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, 
   ATTNLAB_ISA_CLONES void probs_from_lse(T* s, int64_t rows, int64_t cols, int64_t ld,         \
                                          const T* mask, int64_t mask_ld, int64_t visible_base, \
                                          const T* lse) {                                       \
-    if (probs_from_lse_avx512(s, rows, cols, ld, mask, mask_ld, visible_base, lse)) return;    \
+    if (rows_on_avx512()) {                                                                    \
+      probs_from_lse16(s, rows, cols, ld, mask, mask_ld, visible_base, lse);                   \
+      return;                                                                                  \
+    }                                                                                          \
     probs_from_lse_impl(s, rows, cols, ld, mask, mask_ld, visible_base, lse);                  \
   }                                                                                            \
   ATTNLAB_ISA_CLONES void softmax_grad_block(const T* p, int64_t ldp, T* dp, int64_t lddp,   \

@@ -43,11 +43,13 @@ void softmax_grad_block(const double* p, int64_t ldp, double* dp, int64_t lddp, 
 void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* factor);
 void scale_rows(double* x, int64_t rows, int64_t cols, int64_t ld, const double* factor);
 
+// Whether stream_scaled_rows runs here (an AVX-512 CPU and a build with its code).
+bool can_stream_rows();
+
 // dst[r, c] = src[r, c]·factor[r] for c < cols and 0 for cols <= c < width, written with
 // non-temporal stores (no read of dst's lines first, none kept in cache): for results that
-// nothing reads back soon, such as the attention weights. Returns false, writing nothing, where
-// the CPU lacks AVX-512 (the caller then writes them itself).
-bool stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
+// nothing reads back soon, such as the attention weights. Only where can_stream_rows().
+void stream_scaled_rows(const float* src, int64_t lds, float* dst, int64_t ldd, int64_t rows,
                         int64_t cols, int64_t width, const float* factor);
 
 // out[r] = Σ_c a[r, c]·b[r, c].

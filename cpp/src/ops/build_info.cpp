@@ -2,10 +2,10 @@
 
 #include <dlfcn.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <regex>
 #include <sstream>
 
 #include <ATen/Parallel.h>
@@ -45,10 +45,42 @@ std::string read_file(const std::filesystem::path& path) {
 }
 
 // "2.15.0" of "2.15.0+cu132", "2.16.0.dev20260101" or "2.15.0a0+git123"; empty if none.
+// Parsed by hand, not with std::regex: this runs while the library is being loaded, and
+// compiling a std::regex there crashed (SIGSEGV inside libstdc++'s regex/locale code) on a
+// GPU machine whose build used GCC 13.3 from /opt/gcc, while the same sources built with
+// Debian's GCC 12 loaded there.
 std::string release_of(const std::string& version) {
-  static const std::regex release(R"(^\s*(\d+\.\d+\.\d+))");
-  std::smatch match;
-  return std::regex_search(version, match, release) ? match[1].str() : std::string();
+  size_t at = 0;
+  while (at < version.size() && std::isspace(static_cast<unsigned char>(version[at]))) ++at;
+  const size_t start = at;
+  for (int part = 0; part < 3; ++part) {
+    if (part > 0) {
+      if (at >= version.size() || version[at] != '.') return "";
+      ++at;
+    }
+    const size_t digits = at;
+    while (at < version.size() && std::isdigit(static_cast<unsigned char>(version[at]))) ++at;
+    if (at == digits) return "";
+  }
+  return version.substr(start, at - start);
+}
+
+// The quoted value of the first `__version__ = '...'` (or "...") line of torch/version.py.
+std::string version_assignment(const std::string& text) {
+  const std::string name = "__version__";
+  for (size_t at = text.find(name); at != std::string::npos; at = text.find(name, at + 1)) {
+    size_t i = at + name.size();
+    while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
+    if (i >= text.size() || text[i] != '=') continue;
+    ++i;
+    while (i < text.size() && (text[i] == ' ' || text[i] == '\t')) ++i;
+    if (i >= text.size() || (text[i] != '\'' && text[i] != '"')) continue;
+    const char quote = text[i];
+    const size_t end = text.find(quote, i + 1);
+    if (end == std::string::npos) return "";
+    return text.substr(i + 1, end - i - 1);
+  }
+  return "";
 }
 
 }  // namespace
@@ -65,10 +97,8 @@ std::string loaded_torch_version() {
   // pip: site-packages/torch/{lib/libtorch_cpu.so, version.py}
   const auto version_py = root / "version.py";
   if (std::filesystem::exists(version_py, error)) {
-    static const std::regex line(R"(__version__\s*=\s*['"]([^'"]+)['"])");
-    std::smatch match;
-    const std::string text = read_file(version_py);
-    if (std::regex_search(text, match, line)) return match[1].str();
+    const std::string version = version_assignment(read_file(version_py));
+    if (!version.empty()) return version;
   }
   // LibTorch archive: libtorch/{lib/libtorch_cpu.so, build-version}
   const auto build_version = root / "build-version";

@@ -22,7 +22,14 @@ subset=(tests/python/test_attention_cuda.py tests/python/test_sparse_attention_c
 # out-of-bounds accesses that would otherwise land inside a cached block.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1
 "$sanitizer" --version | tail -n 1
+# racecheck watches attnlab's kernels only: the tests compare against torch's SDPA, and in the
+# first GPU run (H200, torch 2.11, cuDNN 9.19, 32 tests in 55 s) racecheck reported hazards in
+# cuDNN's fused SDPA kernels (cudnn_generated_fort_native_sdpa_sm90_flash_*), none in
+# attnlab's; those are not ours to fix and would fail the run. memcheck watches every kernel.
+own_kernels=(--kernel-name kns=attnlab)
 for tool in "${tools[@]}"; do
-  echo "== compute-sanitizer --tool $tool ${extra[*]}"
-  "$sanitizer" --tool "$tool" --error-exitcode 1 "${extra[@]}" "$python" -m pytest "${subset[@]}"
+  filter=()
+  [[ $tool == racecheck ]] && filter=("${own_kernels[@]}")
+  echo "== compute-sanitizer --tool $tool ${filter[*]} ${extra[*]}"
+  "$sanitizer" --tool "$tool" --error-exitcode 1 "${filter[@]}" "${extra[@]}" "$python" -m pytest "${subset[@]}"
 done

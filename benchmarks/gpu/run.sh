@@ -40,6 +40,11 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                   OUTDIR), the benchmark tables, the built wheel, an unfinished anomaly
                   checkpoint (split into parts below 16 MiB)
   --python PY     interpreter (default: $PYTHON or python3)
+  --core FILE     build: no compile; install the wheel in .gpu/wheel (from an earlier build
+                  on a machine like this one, whatever sources it came from) and replace its
+                  libattnlab.so by FILE, a core compiled elsewhere for this machine's torch
+                  by benchmarks/gpu/build_core.sh (the wheel's small Python extension must
+                  match the core's build_info interface)
 
 The experiments and anomaly phases call `python3 -m attnlab ... --device cuda`.
 Phase time limits (seconds) come from TIMEOUT_<PHASE> (e.g. TIMEOUT_ANOMALY=300,
@@ -54,7 +59,7 @@ EOF
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
 ALL_PHASES=(build env tests fuzz memcheck+racecheck bench-speed bench-extra experiments anomaly)
-OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET=""
+OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET="" CORE=""
 while (($#)); do
   case $1 in
     --phases) PHASES=${2:?--phases needs a list}; shift 2 ;;
@@ -65,6 +70,8 @@ while (($#)); do
     --pack) PACK=${2:?--pack needs a folder}; shift 2 ;;
     --pack=*) PACK=${1#*=}; shift ;;
     --python) PY=${2:?--python needs an interpreter}; shift 2 ;;
+    --core) CORE=${2:?--core needs a libattnlab.so}; shift 2 ;;
+    --core=*) CORE=${1#*=}; shift ;;
     --budget) BUDGET=${2:?--budget needs seconds}; shift 2 ;;
     --budget=*) BUDGET=${1#*=}; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -114,6 +121,7 @@ selected() { [[ " ${SELECTED[*]//+/ } " == *" $1 "* ]]; }
 # OUTDIR and --pack are relative to where run.sh is called from; everything else to the checkout.
 OUTDIR=$(realpath -m "$OUTDIR")
 [[ -n $PACK ]] && PACK=$(realpath -m "$PACK")
+[[ -n $CORE ]] && CORE=$(realpath -m "$CORE")
 if [[ -n $PACK && $PACK == "$OUTDIR" ]]; then
   echo "run.sh: --pack needs a folder other than OUTDIR (e.g. OUTDIR .gpu/out, --pack \"\$OUT\")" >&2
   exit 2
@@ -195,6 +203,24 @@ phase_build() {
     command -v nvcc && nvcc --version | tail -n 2
   } >>"$log" 2>&1
   local pip=("$PY" -m pip --no-input)
+  if [[ -n $CORE ]]; then
+    if ((DRY)); then
+      echo "  install $WHEEL_DIR/attnlab-*.whl, then copy $CORE over its libattnlab.so"; return 0
+    fi
+    if [[ -z $wheel || ! -f $CORE ]]; then
+      NOTE="--core needs a wheel in $WHEEL_DIR and the file $CORE"
+      echo "$NOTE" >>"$log"; return 1
+    fi
+    step "$log" "${pip[@]}" install --no-index --no-deps --force-reinstall --root-user-action=ignore \
+         "$wheel" || return $?
+    local target
+    target=$(env -C / "$PY" -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('attnlab').origin))") || return 1
+    step "$log" cp "$CORE" "$target/libattnlab.so" || return $?
+    NOTE="installed $(basename "$wheel") with the core $CORE ($(head -n 1 "$(dirname "$CORE")/SOURCE" 2>/dev/null || echo 'no SOURCE file'))"
+    step "$log" env -C / "$PY" -c "import attnlab; info = attnlab.build_info(); print(info); \
+assert info['cuda'], 'attnlab was built without its CUDA kernels'" || return $?
+    return 0
+  fi
   if [[ -n $wheel && -f $WHEEL_DIR/SOURCE_HASH && $(cat "$WHEEL_DIR/SOURCE_HASH") == "$hash" ]]; then
     NOTE="installed the wheel already built from these sources ($(basename "$wheel"))"
   else

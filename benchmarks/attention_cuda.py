@@ -3,7 +3,8 @@
 Writes markdown tables (to stdout, and to --out FILE as each table completes):
 
   1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style kernels,
-     the same with 32 query rows per warp in the forward, ATTNLAB_CUDA_FLASH_ROWS=32, and its
+     the same with the other number of query rows per warp in the forward than its default
+     for the head size (ATTNLAB_CUDA_FLASH_ROWS: 32 by default at D = 64, 16 at D = 128), and its
      earlier WMMA forward and generic backward, ATTNLAB_CUDA_FLASH=0) and of torch's flash,
      efficient and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
      forward+backward.
@@ -75,11 +76,12 @@ def attnlab_sdpa(q, k, v, is_causal):
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
-def attnlab_flash_rows32(q, k, v, is_causal):
-    """attnlab's flash forward with 32 query rows per warp instead of 16
-    (ATTNLAB_CUDA_FLASH_ROWS=32, read at every call; attnlab_sdpa removes it)."""
+def attnlab_other_rows(q, k, v, is_causal):
+    """attnlab's flash forward with the other number of query rows per warp than its default
+    for this head size (default 32 at D = 64, 16 at D = 128; ATTNLAB_CUDA_FLASH_ROWS, read at
+    every call; attnlab_sdpa removes it)."""
     os.environ.pop("ATTNLAB_CUDA_FLASH", None)
-    os.environ["ATTNLAB_CUDA_FLASH_ROWS"] = "32"
+    os.environ["ATTNLAB_CUDA_FLASH_ROWS"] = "16" if q.shape[-1] <= 64 else "32"
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
@@ -556,7 +558,7 @@ def main(argv=None):
     if "half" in args.tables:
         records = [r for dtype in (torch.bfloat16, torch.float16)
                    for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget,
-                                          [("attnlab rows32", attnlab_flash_rows32),
+                                          [("attnlab other rows/warp", attnlab_other_rows),
                                            ("attnlab before flash", attnlab_without_flash)])]
         emit(speed_section("bfloat16 and float16, TFLOP/s", records, "flash", HALF_TARGETS))
     if "float32" in args.tables:

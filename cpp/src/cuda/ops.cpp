@@ -36,12 +36,17 @@ bool flash_kernels_enabled() {
   return choice == nullptr || std::string_view(choice) != "0";
 }
 
-// Query rows per warp of the flash forward: 16 (default) or, with ATTNLAB_CUDA_FLASH_ROWS=32,
-// 32 (twice the products per K and V fragment loaded, more registers): a tuning switch for the
-// GPU benchmark.
-int flash_rows_per_warp() {
+// Query rows per warp of the flash forward. Default by head size, from the first GPU run
+// (H200, torch 2.11, 2026-11-27, L = 2048 and 4096, same process): 32 rows at D = 64 (206-251
+// TFLOP/s in bfloat16 against 162-193 with 16 rows; twice the products per K and V fragment
+// loaded) and 16 rows at D = 128 (194-232 against 154-207 with 32 rows, which spill 520 bytes
+// of registers there: see sdpa_flash.cuh). ATTNLAB_CUDA_FLASH_ROWS=16 or 32, read at every
+// call, overrides it.
+int flash_rows_per_warp(int head_size) {
   const char* choice = std::getenv("ATTNLAB_CUDA_FLASH_ROWS");
-  return choice != nullptr && std::string_view(choice) == "32" ? 32 : 16;
+  if (choice != nullptr && std::string_view(choice) == "32") return 32;
+  if (choice != nullptr && std::string_view(choice) == "16") return 16;
+  return head_size <= 64 ? 32 : 16;
 }
 
 // grad_output read by the flash backward: unit column stride, 16-byte-aligned rows.
@@ -111,7 +116,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
         if (tensor_cores) {
           if (flash_kernels_enabled()) {
             return sdpa_forward_flash<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                                lse.data_ptr<float>(), flash_rows_per_warp(),
+                                                lse.data_ptr<float>(), flash_rows_per_warp(kHead),
                                                 stream);
           }
           return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),

@@ -13,6 +13,8 @@
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead) in one translation unit per
 // (dtype, head-size family).
 
+#include <type_traits>
+
 #include "cuda/device_common.cuh"
 
 namespace attnlab::cuda::detail {
@@ -201,10 +203,18 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
 
 // dQ_i = scale·Σ_j dS_ij·K_j with dS = P ⊙ (dP − delta), dP = dO·Vᵀ; one block per query
 // block, looping over key tiles as the forward does. Also writes dS into grad_mask.
+//
+// delta_i: for float32 it is read (Σ_c dO_ic·O_ic, from softmax_delta_kernel). For float16 and
+// bfloat16 this kernel computes it first as Σ_j P_ij·dP_ij, in float32, one more pass over the
+// key tiles, and writes it for the dK/dV kernel: Σ_c dO_ic·O_ic would use the output already
+// rounded to 16 bits, and that rounding, amplified by the cancellation in dP − delta where a
+// row's probability sits on few keys, made the gradients 2-2.5x torch's error in the first GPU
+// run (H200, 2026-11-27: causal rows with masks, and one query over two keys in the property
+// test). The float64 simulation of the two formulas gave 1.25-1.5x the error on average.
 template <typename T, int kHead>
 __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     sdpa_grad_query_kernel(SdpaProblem p, MatrixOperand grad_output, const float* logsumexp,
-                           const float* delta, T* grad_query, float* grad_mask) {
+                           float* delta, T* grad_query, float* grad_mask) {
   using Tiles = GenericTiles<kHead>;
   constexpr int R = Tiles::kRowsPerWarp;
   extern __shared__ float smem[];
@@ -229,12 +239,41 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
   for (int rr = 0; rr < R; ++rr) {
     const int64_t i = i0 + warp * R + rr;
     row_lse[rr] = i < p.len_q ? logsumexp[b * p.len_q + i] : kNegInf;
-    row_delta[rr] = i < p.len_q ? delta[b * p.len_q + i] : 0.f;
+    row_delta[rr] = 0.f;
+    if constexpr (std::is_same_v<T, float>) {
+      row_delta[rr] = i < p.len_q ? delta[b * p.len_q + i] : 0.f;
+    }
 #pragma unroll
     for (int t = 0; t < Tiles::kPerLane; ++t) dq[rr][t] = 0.f;
   }
 
   const int64_t keys = key_end(p, i0, Tiles::kRows);
+  if constexpr (!std::is_same_v<T, float>) {
+    // Lane l adds P_ij·dP_ij of key j0 + l to each of the warp's rows; the warp sums at the end.
+    for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
+      __syncthreads();
+      load_tile(k_tile, Tiles::kPadded, Tiles::kCols, kHead, key, j0, p.len_k, p.dim_qk);
+      load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
+      __syncthreads();
+#pragma unroll
+      for (int rr = 0; rr < R; ++rr) {
+        const int r = warp * R + rr;
+        const float s = masked_score(dot(q_tile + r * kHead, k_tile + lane * Tiles::kPadded,
+                                         p.dim_qk), p, mask, i0 + r, j0 + lane);
+        // As in the reference's Σ_j P_ij·dP_ij, and as through O before: a NaN in a V row
+        // reaches delta even where P is 0 (0·NaN).
+        const float prob = prob_from_lse(s, row_lse[rr]);
+        const float dp = dot(do_tile + r * kHead, v_tile + lane * Tiles::kPadded, p.dim_v);
+        row_delta[rr] = fmaf(prob, dp, row_delta[rr]);
+      }
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      row_delta[rr] = warp_sum(row_delta[rr]);
+      const int64_t i = i0 + warp * R + rr;
+      if (lane == 0 && i < p.len_q) delta[b * p.len_q + i] = row_delta[rr];
+    }
+  }
   for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
     __syncthreads();
     load_tile(k_tile, Tiles::kPadded, Tiles::kCols, kHead, key, j0, p.len_k, p.dim_qk);
@@ -389,12 +428,14 @@ void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, const
                    const float* logsumexp, float* delta, T* grad_query, T* grad_key,
                    T* grad_value, float* grad_mask, cudaStream_t stream) {
   using Tiles = detail::GenericTiles<kHead>;
-  detail::launch_softmax_delta(p, grad_output, output, delta, stream);
+  // float16/bfloat16: the dQ kernel computes delta itself, from the probabilities (see it).
+  if constexpr (std::is_same_v<T, float>) {
+    detail::launch_softmax_delta(p, grad_output, output, delta, stream);
+  }
   constexpr size_t smem = Tiles::kBackwardSharedBytes;
   detail::launch(detail::sdpa_grad_query_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads, smem, stream,
-                 p, grad_output, logsumexp, static_cast<const float*>(delta), grad_query,
-                 grad_mask);
+                 p, grad_output, logsumexp, delta, grad_query, grad_mask);
   detail::launch(detail::sdpa_grad_key_value_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_k, Tiles::kRows), Tiles::kThreads, smem, stream,
                  p, grad_output, logsumexp, static_cast<const float*>(delta), grad_key,

@@ -23,6 +23,9 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                     fuzz         pytest tests/python/test_cuda_vs_cpu_properties.py (2,000 cases)
                     memcheck     tests/cuda_sanitizer.sh with compute-sanitizer memcheck
                     racecheck    tests/cuda_sanitizer.sh with compute-sanitizer racecheck
+                    cpu-amx      where the host CPU takes bfloat16 products on AMX tiles (the
+                                 GPU machines' CPUs have AMX; the build machines' do not):
+                                 pytest tests/python/test_reduced_precision_cpu.py
                     bench-speed  benchmarks/attention_cuda.py --tables half float32
                     bench-extra  benchmarks/attention_cuda.py --tables weights memory
                     experiments  every experiment's --fast run (and reverse in full) on CUDA
@@ -58,7 +61,7 @@ EOF
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
-ALL_PHASES=(build env tests fuzz memcheck+racecheck bench-speed bench-extra experiments anomaly)
+ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra experiments anomaly)
 OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET="" CORE=""
 while (($#)); do
   case $1 in
@@ -91,7 +94,7 @@ expand() {
     all) echo "${ALL_PHASES[@]}" ;;
     sanitize) echo "memcheck+racecheck" ;;
     bench) echo "bench-speed bench-extra" ;;
-    build|env|tests|fuzz|memcheck|racecheck|bench-speed|bench-extra|experiments|anomaly) echo "$1" ;;
+    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|experiments|anomaly) echo "$1" ;;
     *) echo "run.sh: unknown phase '$1' (see --help)" >&2; return 2 ;;
   esac
 }
@@ -182,7 +185,7 @@ default_timeout() {
   case $1 in
     build) echo 570 ;; env) echo 120 ;; tests) echo 540 ;; fuzz) echo 540 ;;
     memcheck|racecheck) echo 570 ;; bench-speed|bench-extra) echo 540 ;;
-    experiments) echo 570 ;; anomaly) echo 540 ;; *) echo 540 ;;
+    experiments) echo 570 ;; anomaly) echo 540 ;; cpu-amx) echo 300 ;; *) echo 540 ;;
   esac
 }
 
@@ -281,12 +284,34 @@ phase_tests() {
 phase_fuzz() {
   local log=$1 rc examples=2000
   ((QUICK)) && examples=200
+  # The *_checks_run_on_cpu tests are the CPU stand-ins for CI and skip where a GPU is present
+  # (by design): left out, so that a skip here still means something went wrong.
   step "$log" env ATTNLAB_CUDA_FUZZ_EXAMPLES=$examples "$PY" -m pytest \
-       tests/python/test_cuda_vs_cpu_properties.py -v -rs -p no:cacheprovider -o faulthandler_timeout=300 \
+       tests/python/test_cuda_vs_cpu_properties.py -k "not checks_run_on_cpu" \
+       -v -rs -p no:cacheprovider -o faulthandler_timeout=300 \
        --hypothesis-show-statistics --junitxml="$OUTDIR/fuzz.junit.xml"
   rc=$?
   NOTE="$examples examples: $(pytest_tally "$log")"
   if ((rc == 0 && !DRY)) && grep -aq '^SKIPPED' "$log"; then NOTE="$NOTE (skipped: no GPU?)"; return 1; fi
+  return "$rc"
+}
+
+phase_cpu_amx() {  # the CPU's AMX route for bfloat16, which no build or CI machine has had
+  local log=$1 route
+  if ((DRY)); then
+    echo "  (if attnlab.build_info()['cpu_bf16_products'] == 'amx')" \
+         "$(quote "$PY" -m pytest tests/python/test_reduced_precision_cpu.py -v -rs)"
+    return 0
+  fi
+  route=$(env -C / "$PY" -c "import attnlab; print(attnlab.build_info()['cpu_bf16_products'])" 2>>"$log")
+  if [[ $route != amx ]]; then
+    NOTE="this CPU's bfloat16 route is '${route:-unknown}', not amx: nothing to check"
+    echo "$NOTE" >>"$log"; return 0
+  fi
+  step "$log" "$PY" -m pytest tests/python/test_reduced_precision_cpu.py -v -rs -p no:cacheprovider \
+       -o faulthandler_timeout=240 --junitxml="$OUTDIR/cpu-amx.junit.xml"
+  local rc=$?
+  NOTE="bfloat16 on AMX tiles: $(pytest_tally "$log")"
   return "$rc"
 }
 
@@ -534,6 +559,7 @@ run_phase() {
     tests) phase_tests "$log" ;;
     fuzz) phase_fuzz "$log" ;;
     memcheck|racecheck) phase_sanitizer "$log" "$phase" ;;
+    cpu-amx) phase_cpu_amx "$log" ;;
     bench-speed) phase_bench "$log" speed ;;
     bench-extra) phase_bench "$log" extra ;;
     experiments) phase_experiments "$log" ;;

@@ -18,8 +18,8 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                   "a+b" runs a and b at the same time (not build, not the benchmarks):
                     build        pip-build attnlab with its CUDA kernels for this GPU, install it
                     env          nvidia-smi, versions, torch's default SDPA backend -> env.txt
-                    tests        pytest tests/python/test_attention_cuda.py and
-                                 test_sparse_attention_cuda.py (+ build info)
+                    tests        pytest tests/python/test_attention_cuda.py,
+                                 test_sparse_attention_cuda.py, test_device.py (+ build info)
                     fuzz         pytest tests/python/test_cuda_vs_cpu_properties.py (2,000 cases)
                     memcheck     tests/cuda_sanitizer.sh with compute-sanitizer memcheck
                     racecheck    tests/cuda_sanitizer.sh with compute-sanitizer racecheck
@@ -271,8 +271,11 @@ phase_env() {
 
 phase_tests() {
   local log=$1 rc
+  # test_device.py: training, evaluation and checkpoints on CUDA; its two tests of the
+  # refusal without a GPU skip here by design and are left out.
   step "$log" "$PY" -m pytest tests/python/test_attention_cuda.py \
        tests/python/test_sparse_attention_cuda.py tests/python/test_build_info.py \
+       tests/python/test_device.py -k "not without_a_gpu" \
        -v -rs -p no:cacheprovider -o faulthandler_timeout=300 --junitxml="$OUTDIR/tests.junit.xml"
   rc=$?
   NOTE=$(pytest_tally "$log")

@@ -6,9 +6,11 @@
 //
 //   forward   online softmax over key tiles; keeps the log-sum-exp; with need_weights a second
 //             pass over the same tiles writes exp(s − max)/sum.
-//   backward  delta_i = Σ_c dO_ic·O_ic, then two kernels that recompute the probabilities
-//             from the log-sum-exp: one per query block (dQ, and the mask's gradient), one per
-//             key block (dK, dV). No atomics: every gradient element has one owner.
+//   backward  delta_i (float32: Σ_c dO_ic·O_ic, a kernel of its own; float16/bfloat16:
+//             Σ_j P_ij·dP_ij, a first pass of the dQ kernel), then two kernels that recompute
+//             the probabilities from the log-sum-exp: one per query block (dQ, and the mask's
+//             gradient), one per key block (dK, dV). No atomics: every gradient element has one
+//             owner.
 //
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead) in one translation unit per
 // (dtype, head-size family).

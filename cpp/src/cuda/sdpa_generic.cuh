@@ -250,20 +250,24 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
   }
 
   const int64_t keys = key_end(p, i0, Tiles::kRows);
+  // The K and V tiles of keys [j0, j0 + 32), for both passes below.
+  const auto load_key_tiles = [&](int64_t j0) {
+    __syncthreads();  // every warp is done with the previous tiles
+    load_tile(k_tile, Tiles::kPadded, Tiles::kCols, kHead, key, j0, p.len_k, p.dim_qk);
+    load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
+    __syncthreads();
+  };
   if constexpr (!std::is_same_v<T, float>) {
     // Lane l adds P_ij·dP_ij of key j0 + l to each of the warp's rows; the warp sums at the end.
+    // As in the reference's Σ_j P_ij·dP_ij, and as through O before, a NaN in a V row reaches
+    // delta even where P is 0 (0·NaN).
     for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
-      __syncthreads();
-      load_tile(k_tile, Tiles::kPadded, Tiles::kCols, kHead, key, j0, p.len_k, p.dim_qk);
-      load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
-      __syncthreads();
+      load_key_tiles(j0);
 #pragma unroll
       for (int rr = 0; rr < R; ++rr) {
         const int r = warp * R + rr;
         const float s = masked_score(dot(q_tile + r * kHead, k_tile + lane * Tiles::kPadded,
                                          p.dim_qk), p, mask, i0 + r, j0 + lane);
-        // As in the reference's Σ_j P_ij·dP_ij, and as through O before: a NaN in a V row
-        // reaches delta even where P is 0 (0·NaN).
         const float prob = prob_from_lse(s, row_lse[rr]);
         const float dp = dot(do_tile + r * kHead, v_tile + lane * Tiles::kPadded, p.dim_v);
         row_delta[rr] = fmaf(prob, dp, row_delta[rr]);
@@ -277,10 +281,7 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     }
   }
   for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
-    __syncthreads();
-    load_tile(k_tile, Tiles::kPadded, Tiles::kCols, kHead, key, j0, p.len_k, p.dim_qk);
-    load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
-    __syncthreads();
+    load_key_tiles(j0);
 
     const int64_t j = j0 + lane;
     float ds[R];

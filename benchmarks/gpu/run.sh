@@ -206,25 +206,13 @@ phase_build() {
     command -v nvcc && nvcc --version | tail -n 2
   } >>"$log" 2>&1
   local pip=("$PY" -m pip --no-input)
-  if [[ -n $CORE ]]; then
-    if ((DRY)); then
-      echo "  install $WHEEL_DIR/attnlab-*.whl, then copy $CORE over its libattnlab.so"; return 0
-    fi
-    if [[ -z $wheel || ! -f $CORE ]]; then
+  if [[ -n $CORE ]]; then  # no compile: the wheel there is, with this core put in below
+    if [[ -z $wheel || ! -f $CORE ]] && ((!DRY)); then
       NOTE="--core needs a wheel in $WHEEL_DIR and the file $CORE"
       echo "$NOTE" >>"$log"; return 1
     fi
-    step "$log" "${pip[@]}" install --no-index --no-deps --force-reinstall --root-user-action=ignore \
-         "$wheel" || return $?
-    local target
-    target=$(env -C / "$PY" -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('attnlab').origin))") || return 1
-    step "$log" cp "$CORE" "$target/libattnlab.so" || return $?
-    NOTE="installed $(basename "$wheel") with the core $CORE ($(head -n 1 "$(dirname "$CORE")/SOURCE" 2>/dev/null || echo 'no SOURCE file'))"
-    step "$log" env -C / "$PY" -c "import attnlab; info = attnlab.build_info(); print(info); \
-assert info['cuda'], 'attnlab was built without its CUDA kernels'" || return $?
-    return 0
-  fi
-  if [[ -n $wheel && -f $WHEEL_DIR/SOURCE_HASH && $(cat "$WHEEL_DIR/SOURCE_HASH") == "$hash" ]]; then
+    NOTE="installed $(basename "${wheel:-attnlab-VERSION.whl}") with the core $CORE ($(head -n 1 "$(dirname "$CORE")/SOURCE" 2>/dev/null || echo 'no SOURCE file'))"
+  elif [[ -n $wheel && -f $WHEEL_DIR/SOURCE_HASH && $(cat "$WHEEL_DIR/SOURCE_HASH") == "$hash" ]]; then
     NOTE="installed the wheel already built from these sources ($(basename "$wheel"))"
   else
     NOTE="built $hash"
@@ -243,6 +231,11 @@ assert info['cuda'], 'attnlab was built without its CUDA kernels'" || return $?
   ((DRY)) && wheel=${wheel:-$WHEEL_DIR/attnlab-VERSION.whl}
   step "$log" "${pip[@]}" install --no-index --no-deps --force-reinstall --root-user-action=ignore \
        "$wheel" || return $?
+  if [[ -n $CORE ]]; then
+    local target=PACKAGE_FOLDER
+    ((DRY)) || target=$(env -C / "$PY" -c "import importlib.util, os; print(os.path.dirname(importlib.util.find_spec('attnlab').origin))") || return 1
+    step "$log" cp "$CORE" "$target/libattnlab.so" || return $?
+  fi
   # From outside the checkout, so that the installed package is the one imported.
   step "$log" env -C / "$PY" -c "import attnlab; info = attnlab.build_info(); print(info); \
 assert info['cuda'], 'attnlab was built without its CUDA kernels'" || return $?

@@ -26,6 +26,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -225,12 +226,23 @@ def torch_baseline(q, k, v, mask, is_causal, scale, blocked, grad_output):
         combined = leaves[3].masked_fill(~allowed, -math.inf).expand(*batch, len_q, len_k)
         combined = torch.where(open_rows, torch.zeros((), dtype=combined.dtype,
                                                       device=q.device), combined)
-    output = F.scaled_dot_product_attention(
-        flat(leaves[0], len_q, q.shape[-1]), flat(leaves[1], len_k, k.shape[-1]),
-        flat(leaves[2], len_k, v.shape[-1]), attn_mask=flat(combined, len_q, len_k), scale=scale)
-    output = output.reshape(*batch, len_q, v.shape[-1])
-    grad = grad_output.to(output.device).masked_fill(open_rows, 0)
-    return output.detach(), torch.autograd.grad(output, leaves, grad)
+    grad = grad_output.to(q.device).masked_fill(open_rows, 0)
+
+    def run():
+        output = F.scaled_dot_product_attention(
+            flat(leaves[0], len_q, q.shape[-1]), flat(leaves[1], len_k, k.shape[-1]),
+            flat(leaves[2], len_k, v.shape[-1]), attn_mask=flat(combined, len_q, len_k),
+            scale=scale).reshape(*batch, len_q, v.shape[-1])
+        return output.detach(), torch.autograd.grad(output, leaves, grad)
+
+    result = run()
+    if not all(t.isfinite().all() for t in (result[0], *result[1])):
+        # No error bar from a NaN. torch 2.11's default backend on an H200 returned NaN query
+        # gradients at scale=0 (one query over two keys, float16), where every value is finite;
+        # then torch's math backend, at the same precision, sets the bar.
+        with sdpa_kernel(SDPBackend.MATH):
+            result = run()
+    return result
 
 
 def plain_weights(q, k, mask, is_causal, scale):

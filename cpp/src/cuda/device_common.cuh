@@ -91,7 +91,8 @@ __device__ void load_tile(float* tile, int ld, int rows, int width, const Matrix
 }
 
 // delta_i = Σ_c dO_ic·O_ic, one warp per query row (kDeltaRowsPerBlock rows per block): the
-// backward's row term, for the generic and the flash backward alike (launch_softmax_delta).
+// flash backward's row term (launch_softmax_delta). The generic backward sums Σ_j P_ij·dP_ij
+// instead (see sdpa_grad_query_kernel).
 constexpr int kDeltaRowsPerBlock = 8;
 
 template <typename T>

@@ -191,7 +191,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
         }
       }
       sdpa_backward<T, decltype(family)::value>(
-          p, dout, static_cast<const T*>(out.const_data_ptr()), lse.const_data_ptr<float>(),
+          p, dout, lse.const_data_ptr<float>(),
           delta.data_ptr<float>(), static_cast<T*>(grad_q.data_ptr()),
           static_cast<T*>(grad_k.data_ptr()), static_cast<T*>(grad_v.data_ptr()),
           mask_grad ? grad_m.data_ptr<float>() : nullptr, stream);

@@ -6,10 +6,9 @@
 //
 //   forward   online softmax over key tiles; keeps the log-sum-exp; with need_weights a second
 //             pass over the same tiles writes exp(s − max)/sum.
-//   backward  delta_i (float32: Σ_c dO_ic·O_ic, a kernel of its own; float16/bfloat16:
-//             Σ_j P_ij·dP_ij, a first pass of the dQ kernel), then two kernels that recompute
-//             the probabilities from the log-sum-exp: one per query block (dQ, and the mask's
-//             gradient), one per key block (dK, dV). No atomics: every gradient element has one
+//   backward  two kernels that recompute the probabilities from the log-sum-exp: one per
+//             query block (delta_i = Σ_j P_ij·dP_ij in a first pass over the key tiles, then
+//             dQ and the mask's gradient), one per key block (dK, dV). No atomics: every gradient element has one
 //             owner.
 //
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead) in one translation unit per
@@ -206,13 +205,14 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
 // dQ_i = scale·Σ_j dS_ij·K_j with dS = P ⊙ (dP − delta), dP = dO·Vᵀ; one block per query
 // block, looping over key tiles as the forward does. Also writes dS into grad_mask.
 //
-// delta_i: for float32 it is read (Σ_c dO_ic·O_ic, from softmax_delta_kernel). For float16 and
-// bfloat16 this kernel computes it first as Σ_j P_ij·dP_ij, in float32, one more pass over the
-// key tiles, and writes it for the dK/dV kernel: Σ_c dO_ic·O_ic would use the output already
-// rounded to 16 bits, and that rounding, amplified by the cancellation in dP − delta where a
-// row's probability sits on few keys, made the gradients 2-2.5x torch's error in the first GPU
-// run (H200, 2026-11-27: causal rows with masks, and one query over two keys in the property
-// test). The float64 simulation of the two formulas gave 1.25-1.5x the error on average.
+// delta_i = Σ_j P_ij·dP_ij is computed first, in float32, in one more pass over the key tiles,
+// and written for the dK/dV kernel. It is the same sum as Σ_c dO_ic·O_ic, but made of the very
+// dP_ij values that dP − delta then cancels against, so a row whose probability sits on one key
+// gets dS = 0 exactly. Through O it went wrong twice on the first GPU runs (H200, 2026-11-27):
+// in float16/bfloat16 the output is already rounded to 16 bits, which put the gradients at
+// 2-2.5x torch's error (causal rows with masks; one query over two keys); in float32 the two
+// sums are rounded in different orders, which left 1.2e-5 (relative) in dQ where the exact
+// gradient is 0 (one query, one key, head size 203, scale 2).
 template <typename T, int kHead>
 __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     sdpa_grad_query_kernel(SdpaProblem p, MatrixOperand grad_output, const float* logsumexp,
@@ -242,9 +242,6 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     const int64_t i = i0 + warp * R + rr;
     row_lse[rr] = i < p.len_q ? logsumexp[b * p.len_q + i] : kNegInf;
     row_delta[rr] = 0.f;
-    if constexpr (std::is_same_v<T, float>) {
-      row_delta[rr] = i < p.len_q ? delta[b * p.len_q + i] : 0.f;
-    }
 #pragma unroll
     for (int t = 0; t < Tiles::kPerLane; ++t) dq[rr][t] = 0.f;
   }
@@ -257,10 +254,10 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
     __syncthreads();
   };
-  if constexpr (!std::is_same_v<T, float>) {
+  {
     // Lane l adds P_ij·dP_ij of key j0 + l to each of the warp's rows; the warp sums at the end.
-    // As in the reference's Σ_j P_ij·dP_ij, and as through O before, a NaN in a V row reaches
-    // delta even where P is 0 (0·NaN).
+    // As in the reference's Σ_j P_ij·dP_ij, a NaN in a V row reaches delta even where P is 0
+    // (0·NaN).
     for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
       load_key_tiles(j0);
 #pragma unroll
@@ -427,14 +424,11 @@ void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
 }
 
 template <typename T, int kHead>
-void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, const T* output,
+void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output,
                    const float* logsumexp, float* delta, T* grad_query, T* grad_key,
                    T* grad_value, float* grad_mask, cudaStream_t stream) {
   using Tiles = detail::GenericTiles<kHead>;
-  // float16/bfloat16: the dQ kernel computes delta itself, from the probabilities (see it).
-  if constexpr (std::is_same_v<T, float>) {
-    detail::launch_softmax_delta(p, grad_output, output, delta, stream);
-  }
+  // The dQ kernel computes delta itself, from the probabilities (see it).
   constexpr size_t smem = Tiles::kBackwardSharedBytes;
   detail::launch(detail::sdpa_grad_query_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads, smem, stream,
@@ -450,7 +444,7 @@ void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, const
 #define ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead)                                           \
   namespace attnlab::cuda {                                                                   \
   template void sdpa_forward<T, kHead>(const SdpaProblem&, T*, float*, T*, cudaStream_t);     \
-  template void sdpa_backward<T, kHead>(const SdpaProblem&, const MatrixOperand&, const T*,   \
+  template void sdpa_backward<T, kHead>(const SdpaProblem&, const MatrixOperand&,             \
                                         const float*, float*, T*, T*, T*, float*,             \
                                         cudaStream_t);                                        \
   }

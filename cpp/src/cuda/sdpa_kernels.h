@@ -44,7 +44,7 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
 // grad_mask (float32 [batch, len_q, len_k], may be null) receives the scores' gradient.
 // delta is float32 scratch of [batch, len_q]. grad_output is indexed like the query.
 template <typename T, int kHead>
-void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, const T* output,
+void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output,
                    const float* logsumexp, float* delta, T* grad_query, T* grad_key,
                    T* grad_value, float* grad_mask, cudaStream_t stream);
 

@@ -486,7 +486,9 @@ def _fit(task: Task, config: TrainConfig, out_dir, progress: bool, device: torch
                 with torch.no_grad():
                     accuracies.append(float(task.accuracy(outputs, targets)))
                 shown["acc"] = f"{accuracies[-1]:.3f}"
-            bar.set_postfix(**shown, lr=f"{scheduler.get_last_lr()[0]:.2e}")
+            # refresh=False: the bar redraws at its own pace (TQDM_MININTERVAL in logs), not
+            # on every step.
+            bar.set_postfix(**shown, lr=f"{scheduler.get_last_lr()[0]:.2e}", refresh=False)
         val = _evaluate(task, model, "val", device)
         seconds += time.perf_counter() - started
         if size == 1:

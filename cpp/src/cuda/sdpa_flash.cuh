@@ -24,9 +24,11 @@
 // the emulator in tests/cpp/cuda_emulation, where CI tests it (tests/cpp/test_flash_emulated.cpp).
 // The compiler's report (nvcc -Xptxas -v, sm_90, nvcc 13.0): forward 16 rows per warp, D = 64:
 // 195 registers, no spill; D = 128: 255 registers, 40 bytes spilled; 32 rows per warp spills
-// 44 (D = 64) and 520 bytes (D = 128); backward: 252 registers and no spill at D = 64, 255 and
-// 436 bytes spilled at D = 128 (its dK, dV, Sᵀ and dPᵀ alone take 192 registers per thread
-// there; computing Sᵀ and dPᵀ one after the other spilled more, 568 bytes).
+// 44 (D = 64) and 520 bytes (D = 128); backward: 254 registers and no spill at D = 64; at
+// D = 128 its dK, dV, Sᵀ and dPᵀ for 64 queries alone took 192 registers per thread and 436
+// bytes spilled (computing Sᵀ and dPᵀ one after the other spilled more, 568 bytes), so there
+// it takes each tile's queries in two halves of 32: 255 registers, 32 bytes spilled (with the
+// halves unrolled, K and V fragments stayed live across them: 508 bytes).
 //
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead).
 
@@ -426,6 +428,9 @@ struct FlashBackwardTiles {
   // Two buffers of the tile's 64 rows' (lse·log2 e, delta) pairs, float.
   static constexpr int kRowTermsOffset = kDsOffset + 64 * 64 * 2;
   static constexpr int kSharedBytes = kRowTermsOffset + 2 * 64 * 2 * 4;
+  // The tile's 64 queries are taken in kParts parts (see the kernel).
+  static constexpr int kParts = kHead == 128 ? 2 : 1;
+  static constexpr int kPartQueries = 64 / kParts;
 };
 
 template <typename T, int kHead>
@@ -510,71 +515,81 @@ sdpa_flash_backward_kernel(SdpaProblem p, MatrixOperand grad_output, const float
     }
     cp_async_commit();
 
-    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys and the tile's 64 queries.
-    float st[8][4], dpt[8][4];
+    // Per part of the tile's queries (Layout::kParts of them: the whole 64 at D = 64, two
+    // halves of 32 at D = 128, where Sᵀ and dPᵀ for all 64 beside dK and dV spilled):
+    // Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for this warp's 16 keys, Pᵀ and dSᵀ, dV += Pᵀ·dO,
+    // dK += dSᵀ·Q, and dSᵀ into shared memory.
+#pragma unroll 1  // unrolled, the parts shared K and V fragments kept live across them
+    for (int part = 0; part < Layout::kParts; ++part) {
+      constexpr int kN = Layout::kPartQueries / 8;     // 8-query tiles of the part
+      constexpr int kK = Layout::kPartQueries / 16;    // 16-query k-steps (and pairs of tiles)
+      const int q0 = part * Layout::kPartQueries;      // the part's first query in the tile
+      float st[kN][4], dpt[kN][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < kN; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
-    }
-#pragma unroll
-    for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
-      uint32_t ka[4], va[4];
-      load_a<kHead>(ka, k_tile, warp * 16, ks, lane);
-      load_a<kHead>(va, v_tile, warp * 16, ks, lane);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t qb[4], dob[4];
-        load_b_of_rows<kHead>(qb, q_tile, np * 16, ks, lane);
-        load_b_of_rows<kHead>(dob, do_tile, np * 16, ks, lane);
-        mma_pair<T>(st[2 * np], st[2 * np + 1], ka, qb);
-        mma_pair<T>(dpt[2 * np], dpt[2 * np + 1], va, dob);
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.f;
       }
-    }
-
-    // Pᵀ (in st) and dSᵀ (in dpt), in float.
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+      for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+        uint32_t ka[4], va[4];
+        load_a<kHead>(ka, k_tile, warp * 16, ks, lane);
+        load_a<kHead>(va, v_tile, warp * 16, ks, lane);
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int64_t i = i0 + n * 8 + 2 * t + c;
-        const float* terms = row_terms + (buffer * 64 + n * 8 + 2 * t + c) * 2;
-        const float lse_log2 = terms[0], d = terms[1];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t j = h == 0 ? key_lo : key_hi;
-          const bool visible = i < p.len_q && j < p.len_k && !(p.causal && j > i);
-          const int e = 2 * h + c;
-          const float prob = visible ? fast_exp2(st[n][e] * scale_log2 - lse_log2) : 0.f;
-          st[n][e] = prob;
-          dpt[n][e] = prob * (dpt[n][e] - d);
+        for (int np = 0; np < kK; ++np) {
+          uint32_t qb[4], dob[4];
+          load_b_of_rows<kHead>(qb, q_tile, q0 + np * 16, ks, lane);
+          load_b_of_rows<kHead>(dob, do_tile, q0 + np * 16, ks, lane);
+          mma_pair<T>(st[2 * np], st[2 * np + 1], ka, qb);
+          mma_pair<T>(dpt[2 * np], dpt[2 * np + 1], va, dob);
         }
       }
-    }
 
-    // dV += Pᵀ·dO and dK += dSᵀ·Q (k = the tile's queries).
+      // Pᵀ (in st) and dSᵀ (in dpt), in float.
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      uint32_t pa[4], dsa[4];
-      accumulators_as_a<T>(pa, st[2 * kk], st[2 * kk + 1]);
-      accumulators_as_a<T>(dsa, dpt[2 * kk], dpt[2 * kk + 1]);
+      for (int n = 0; n < kN; ++n) {
 #pragma unroll
-      for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
-        uint32_t dob[4], qb[4];
-        load_b_of_columns<kHead>(dob, do_tile, kk, np, lane);
-        load_b_of_columns<kHead>(qb, q_tile, kk, np, lane);
-        mma_pair<T>(dv[2 * np], dv[2 * np + 1], pa, dob);
-        mma_pair<T>(dk[2 * np], dk[2 * np + 1], dsa, qb);
+        for (int c = 0; c < 2; ++c) {
+          const int col = q0 + n * 8 + 2 * t + c;  // the query's row in the tile
+          const int64_t i = i0 + col;
+          const float* terms = row_terms + (buffer * 64 + col) * 2;
+          const float lse_log2 = terms[0], d = terms[1];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int64_t j = h == 0 ? key_lo : key_hi;
+            const bool visible = i < p.len_q && j < p.len_k && !(p.causal && j > i);
+            const int e = 2 * h + c;
+            const float prob = visible ? fast_exp2(st[n][e] * scale_log2 - lse_log2) : 0.f;
+            st[n][e] = prob;
+            dpt[n][e] = prob * (dpt[n][e] - d);
+          }
+        }
       }
-    }
 
-    // dSᵀ (rounded to T) into shared memory: rows are keys, columns queries.
+      // dV += Pᵀ·dO and dK += dSᵀ·Q (k = the part's queries).
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+      for (int kk = 0; kk < kK; ++kk) {
+        uint32_t pa[4], dsa[4];
+        accumulators_as_a<T>(pa, st[2 * kk], st[2 * kk + 1]);
+        accumulators_as_a<T>(dsa, dpt[2 * kk], dpt[2 * kk + 1]);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = warp * 16 + g + 8 * h, col = n * 8 + 2 * t;
-        store_pair<64>(ds_tile, r, col, pack_rn<T>(dpt[n][2 * h], dpt[n][2 * h + 1]));
+        for (int np = 0; np < Tiles::kOTiles / 2; ++np) {
+          uint32_t dob[4], qb[4];
+          load_b_of_columns<kHead>(dob, do_tile, q0 / 16 + kk, np, lane);
+          load_b_of_columns<kHead>(qb, q_tile, q0 / 16 + kk, np, lane);
+          mma_pair<T>(dv[2 * np], dv[2 * np + 1], pa, dob);
+          mma_pair<T>(dk[2 * np], dk[2 * np + 1], dsa, qb);
+        }
+      }
+
+      // dSᵀ (rounded to T) into shared memory: rows are keys, columns queries.
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = warp * 16 + g + 8 * h, col = q0 + n * 8 + 2 * t;
+          store_pair<64>(ds_tile, r, col, pack_rn<T>(dpt[n][2 * h], dpt[n][2 * h + 1]));
+        }
       }
     }
     block_sync();

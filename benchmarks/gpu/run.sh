@@ -28,6 +28,8 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                                  pytest tests/python/test_reduced_precision_cpu.py
                     bench-speed  benchmarks/attention_cuda.py --tables half float32
                     bench-extra  benchmarks/attention_cuda.py --tables weights memory
+                    ncu          Nsight Compute profiles of the kernels that miss their speed
+                                 targets, beside torch's (benchmarks/gpu/ncu_cases.py) -> ncu.md
                     experiments  every experiment's --fast run (and reverse in full) on CUDA
                     anomaly      anomaly, 100 epochs, resumed from its checkpoint
                   groups: all (every phase above, sanitizers side by side),
@@ -61,7 +63,7 @@ EOF
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
-ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra experiments anomaly)
+ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra ncu experiments anomaly)
 OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET="" CORE=""
 while (($#)); do
   case $1 in
@@ -94,7 +96,7 @@ expand() {
     all) echo "${ALL_PHASES[@]}" ;;
     sanitize) echo "memcheck+racecheck" ;;
     bench) echo "bench-speed bench-extra" ;;
-    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|experiments|anomaly) echo "$1" ;;
+    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|ncu|experiments|anomaly) echo "$1" ;;
     *) echo "run.sh: unknown phase '$1' (see --help)" >&2; return 2 ;;
   esac
 }
@@ -110,7 +112,7 @@ for entry in "${requested[@]}"; do
     group=()
     for member in "${members[@]}"; do
       list=$(expand "$member") || exit 2
-      if [[ $list == *bench* || $list == *build* ]]; then
+      if [[ $list == *bench* || $list == *build* || $list == *ncu* ]]; then
         echo "run.sh: $member cannot run beside other phases ($entry)" >&2; exit 2
       fi
       group+=("${list// /+}")
@@ -184,7 +186,7 @@ pytest_tally() { grep -aE '^=+ .*(passed|failed|error|skipped|deselected).* in [
 default_timeout() {
   case $1 in
     build) echo 570 ;; env) echo 120 ;; tests) echo 540 ;; fuzz) echo 540 ;;
-    memcheck|racecheck) echo 570 ;; bench-speed|bench-extra) echo 540 ;;
+    memcheck|racecheck) echo 570 ;; bench-speed|bench-extra) echo 540 ;; ncu) echo 360 ;;
     experiments) echo 570 ;; anomaly) echo 540 ;; cpu-amx) echo 300 ;; *) echo 540 ;;
   esac
 }
@@ -340,6 +342,18 @@ phase_bench() {  # $2: speed or extra
   local missed; missed=$(grep -ac '| MISSED' "$OUTDIR/bench-$which.md" 2>/dev/null)
   NOTE="bench-$which.md: ${missed:-no table,} $(grep -ac '| met' "$OUTDIR/bench-$which.md" 2>/dev/null) rows met a target, ${missed:-?} MISSED"
   grep -aq "time budget" "$OUTDIR/bench-$which.md" 2>/dev/null && NOTE="$NOTE; time budget ran out (skipped cells)"
+  return "$rc"
+}
+
+phase_ncu() {
+  local log=$1 rc
+  local cases=()
+  [[ -n ${NCU_CASES:-} ]] && read -r -a cases <<<"--cases $NCU_CASES"  # e.g. NCU_CASES="flash-bwd-d128 f32-fwd-d64"
+  step "$log" "$PY" benchmarks/gpu/ncu_cases.py --profile "$OUTDIR/ncu" "${cases[@]}"
+  rc=$?
+  ((DRY)) && return 0
+  [[ -f $OUTDIR/ncu/ncu.md ]] && cp "$OUTDIR/ncu/ncu.md" "$OUTDIR/ncu.md"
+  NOTE="ncu.md: $(grep -cE '^\| (attnlab|torch) ' "$OUTDIR/ncu.md" 2>/dev/null) kernels profiled"
   return "$rc"
 }
 
@@ -508,7 +522,7 @@ pack_results() {
     pack_file "$STATE/anomaly-100/checkpoint.pt" anomaly-100-checkpoint.pt
   fi
   # Copies of the tables (they are in results.tar.gz too) while the 8-file limit allows.
-  for table in "$OUTDIR"/bench-*.md "$OUTDIR"/experiments.md; do
+  for table in "$OUTDIR"/bench-*.md "$OUTDIR"/ncu.md "$OUTDIR"/experiments.md; do
     [[ -f $table ]] || continue
     (($(find "$PACK" -maxdepth 1 -type f | wc -l) < 8)) && cp "$table" "$PACK/"
   done
@@ -558,6 +572,7 @@ run_phase() {
     cpu-amx) phase_cpu_amx "$log" ;;
     bench-speed) phase_bench "$log" speed ;;
     bench-extra) phase_bench "$log" extra ;;
+    ncu) phase_ncu "$log" ;;
     experiments) phase_experiments "$log" ;;
     anomaly) phase_anomaly "$log" ;;
   esac

@@ -200,3 +200,47 @@ def test_time_alternating_medians_and_failures(monkeypatch):
     # An error from attnlab is a bug: it is raised, not tabulated.
     with pytest.raises(RuntimeError, match="No available kernel"):
         bench.time_alternating([declines], [bench.attnlab_sdpa], reps=1)
+
+
+# ---- benchmarks/gpu/ncu_cases.py: the summary of Nsight Compute's CSV, without a GPU ----------
+
+sys.path.insert(0, str(BENCHMARKS / "gpu"))
+import ncu_cases  # noqa: E402
+
+
+def ncu_row(metric, unit, value, section="GPU Speed Of Light Throughput"):
+    kernel = "void attnlab::cuda::detail::sdpa_flash_backward_kernel<__nv_bfloat16, 128>(...)"
+    return (f'"0","41","python3","host","{kernel}","1","7","(128, 1, 1)","(1024, 1, 1)","0",'
+            f'"9.0","{section}","{metric}","{unit}","{value}"')
+
+
+def test_ncu_summary_reads_the_metrics_and_ranks_the_stalls(tmp_path):
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+              '"Block Size","Grid Size","Device","CC","Section Name","Metric Name",'
+              '"Metric Unit","Metric Value"')
+    stall = ncu_cases.STALL_METRIC.format
+    rows = [header, ncu_row("Duration", "ns", "2,345,678"),
+            ncu_row("Compute (SM) Throughput", "%", "61.5"),
+            ncu_row("Registers Per Thread", "register/thread", "255", "Launch Statistics"),
+            ncu_row(stall("long_scoreboard"), "", "0.4", "Command line profiler metrics"),
+            ncu_row(stall("mio_throttle"), "", "2.5", "Command line profiler metrics"),
+            ncu_row(stall("barrier"), "", "1.25", "Command line profiler metrics")]
+    (tmp_path / "ncu-flash-bwd-d128.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "ncu-f32-fwd-d64.csv").write_text(header + "\n")  # ncu found no launch
+    ncu_cases.summarize(tmp_path)
+    table = (tmp_path / "ncu.md").read_text().splitlines()
+    flash = next(line for line in table if line.startswith("| attnlab flash backward, D 128 |"))
+    cells = [cell.strip() for cell in flash.strip("|").split("|")]
+    assert cells[1] == "2,345,678 ns" and cells[2] == "61.5" and cells[3] == "—"
+    assert cells[4] == "255 register/thread"
+    assert cells[-1] == "mio_throttle 2.50, barrier 1.25, long_scoreboard 0.40"
+    assert any(line.startswith("| attnlab float32 forward (generic), D 64 |") and "no data" in line
+               for line in table)
+    assert not any("D 64 | " in line and "flash forward" in line for line in table)
+
+
+def test_ncu_cases_name_kernels_that_the_sources_define():
+    sources = "".join(p.read_text() for p in (BENCHMARKS.parent / "cpp" / "src" / "cuda").glob("*.cuh"))
+    for name, case in ncu_cases.CASES.items():
+        if case.torch_backend is None:
+            assert case.kernel in sources, name

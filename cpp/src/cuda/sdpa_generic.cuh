@@ -8,13 +8,11 @@
 //             pass over the same tiles writes exp(s − max)/sum.
 //   backward  two kernels that recompute the probabilities from the log-sum-exp: one per
 //             query block (delta_i = Σ_j P_ij·dP_ij in a first pass over the key tiles, then
-//             dQ and the mask's gradient), one per key block (dK, dV). No atomics: every gradient element has one
-//             owner.
+//             dQ and the mask's gradient), one per key block (dK, dV). No atomics: every
+//             gradient element has one owner.
 //
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead) in one translation unit per
 // (dtype, head-size family).
-
-#include <type_traits>
 
 #include "cuda/device_common.cuh"
 
@@ -254,28 +252,26 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
     __syncthreads();
   };
-  {
-    // Lane l adds P_ij·dP_ij of key j0 + l to each of the warp's rows; the warp sums at the end.
-    // As in the reference's Σ_j P_ij·dP_ij, a NaN in a V row reaches delta even where P is 0
-    // (0·NaN).
-    for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
-      load_key_tiles(j0);
-#pragma unroll
-      for (int rr = 0; rr < R; ++rr) {
-        const int r = warp * R + rr;
-        const float s = masked_score(dot(q_tile + r * kHead, k_tile + lane * Tiles::kPadded,
-                                         p.dim_qk), p, mask, i0 + r, j0 + lane);
-        const float prob = prob_from_lse(s, row_lse[rr]);
-        const float dp = dot(do_tile + r * kHead, v_tile + lane * Tiles::kPadded, p.dim_v);
-        row_delta[rr] = fmaf(prob, dp, row_delta[rr]);
-      }
-    }
+  // Lane l adds P_ij·dP_ij of key j0 + l to each of the warp's rows; the warp sums at the end.
+  // As in the reference's Σ_j P_ij·dP_ij, a NaN in a V row reaches delta even where P is 0
+  // (0·NaN).
+  for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
+    load_key_tiles(j0);
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
-      row_delta[rr] = warp_sum(row_delta[rr]);
-      const int64_t i = i0 + warp * R + rr;
-      if (lane == 0 && i < p.len_q) delta[b * p.len_q + i] = row_delta[rr];
+      const int r = warp * R + rr;
+      const float s = masked_score(dot(q_tile + r * kHead, k_tile + lane * Tiles::kPadded,
+                                       p.dim_qk), p, mask, i0 + r, j0 + lane);
+      const float prob = prob_from_lse(s, row_lse[rr]);
+      const float dp = dot(do_tile + r * kHead, v_tile + lane * Tiles::kPadded, p.dim_v);
+      row_delta[rr] = fmaf(prob, dp, row_delta[rr]);
     }
+  }
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    row_delta[rr] = warp_sum(row_delta[rr]);
+    const int64_t i = i0 + warp * R + rr;
+    if (lane == 0 && i < p.len_q) delta[b * p.len_q + i] = row_delta[rr];
   }
   for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
     load_key_tiles(j0);

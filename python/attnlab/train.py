@@ -224,6 +224,10 @@ def world() -> tuple[int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
+# How long process_group's exit leaves the GIL free for gloo's worker threads (see there).
+_GLOO_DRAIN_SECONDS = 0.05
+
+
 @contextlib.contextmanager
 def process_group(device: str | torch.device | None = None) -> Iterator[tuple[int, int]]:
     """Yields (rank, world size). Under torchrun (``WORLD_SIZE`` > 1) with no process group
@@ -245,12 +249,19 @@ def process_group(device: str | torch.device | None = None) -> Iterator[tuple[in
         dist.init_process_group("gloo")
     try:
         yield dist.get_rank(), dist.get_world_size()
-        # Every process is done before the group goes. gloo's worker threads release the
-        # tensors of a finished collective after the caller has moved on, and a release that
-        # needs the interpreter while it shuts down aborts the process ("terminate called
-        # without an active exception"); the barrier's wait lets them finish that first.
-        # Not after an exception: the other processes may never arrive.
+        # Every process is done before the group goes. gloo's worker threads drop their
+        # references to a finished collective's tensors after the caller has moved on; for a
+        # tensor Python has already let go of, that drop takes the GIL. A thread that asks for
+        # the GIL once the interpreter has begun to shut down is ended inside a C++ destructor
+        # (Python 3.11: "terminate called without an active exception", SIGABRT). Once
+        # DistributedDataParallel has used the group, destroy_process_group does not join
+        # those threads (torch 2.15: two pt_gloo_runloop threads still run after it and a
+        # gc.collect()), so they must be idle before the interpreter ends: the barrier's
+        # wait, then a pause with the GIL released, give them the time to finish. Not after
+        # an exception: the other processes may never arrive.
         dist.barrier()
+        if dist.get_backend() == "gloo":
+            time.sleep(_GLOO_DRAIN_SECONDS)
     finally:
         dist.destroy_process_group()
 

@@ -27,7 +27,8 @@ from ddp_worker import small_config  # noqa: E402
 
 WORKER = Path(__file__).parent / "ddp_worker.py"
 LIGHTNING_WORKER = Path(__file__).parent / "lightning_ddp_worker.py"
-ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
+# PYTHONFAULTHANDLER: a worker that dies of a signal prints where (its threads' Python stacks).
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
 
 
 def torchrun(*args, **popen):

@@ -87,4 +87,46 @@ TEST(VecMath, SoftmaxRowExpWithin3e7RelativeZeroBelowRangeNaNKept) {
   EXPECT_EQ(x[0], 1.0f);
 }
 
+// The online softmax over a row in two blocks, at every width from 1 to 40 per block (whole and
+// partial vectors, padded or not): the row max, the sum of exp(s − max) and the correction
+// against double, with a NaN anywhere in the row carried into the sum rather than skipped.
+TEST(VecMath, OnlineSoftmaxTwoBlocksMatchDoubleAndKeepNaN) {
+  constexpr int64_t kLd = 48;
+  for (int64_t cols = 1; cols <= 40; ++cols) {
+    for (int nan_at = -1; nan_at < 2; ++nan_at) {  // -1: none; 0 / 1: in the first / second block
+      float row_max = -std::numeric_limits<float>::infinity(), row_sum = 0.0f, correction = -1.0f;
+      double exact_max = -std::numeric_limits<double>::infinity();
+      std::vector<std::vector<float>> blocks(2, std::vector<float>(kLd, 123.0f));
+      for (int blk = 0; blk < 2; ++blk) {
+        for (int64_t c = 0; c < cols; ++c) {
+          blocks[blk][c] = std::sin(0.37f * static_cast<float>(c + 41 * blk)) * (3.0f + blk);
+          exact_max = std::max(exact_max, static_cast<double>(blocks[blk][c]));
+        }
+      }
+      if (nan_at >= 0) blocks[nan_at][cols / 2] = std::numeric_limits<float>::quiet_NaN();
+      double exact_sum = 0.0;
+      for (int blk = 0; blk < 2; ++blk) {
+        for (int64_t c = 0; c < cols; ++c) exact_sum += std::exp(blocks[blk][c] - exact_max);
+      }
+      float first_max = 0.0f;
+      for (int blk = 0; blk < 2; ++blk) {
+        attnlab::cpu::online_softmax_block(blocks[blk].data(), 1, cols, kLd, nullptr, 0,
+                                           attnlab::cpu::kAllVisible, &row_max, &row_sum,
+                                           &correction);
+        if (blk == 0) {
+          if (nan_at < 0) EXPECT_EQ(correction, 0.0f) << cols;  // nothing to rescale yet
+          first_max = row_max;
+        }
+      }
+      if (nan_at >= 0) {
+        EXPECT_TRUE(std::isnan(row_sum)) << cols << " " << nan_at;
+        continue;
+      }
+      EXPECT_EQ(row_max, static_cast<float>(exact_max)) << cols;
+      EXPECT_NEAR(row_sum, exact_sum, 1e-6 * exact_sum) << cols;
+      EXPECT_NEAR(correction, std::exp(static_cast<double>(first_max) - row_max), 1e-6) << cols;
+    }
+  }
+}
+
 }  // namespace

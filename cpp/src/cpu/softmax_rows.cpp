@@ -68,11 +68,21 @@ ATTNLAB_AVX512 float exp_shift_sum16(float* x, int64_t n, float shift) {
     _mm512_mask_storeu_ps(x + c, lanes, e);
     sum = _mm512_add_ps(sum, e);
   }
-  float lanes[16];
-  _mm512_storeu_ps(lanes, sum);
-  float total = 0.0f;
-  for (float lane : lanes) total += lane;
-  return total;
+  // In a tree: 16 lanes added one after the other were a chain of 16 dependent additions per
+  // row, a cost that causal and short rows feel most.
+  return _mm512_reduce_add_ps(sum);
+}
+
+// The largest of x[0, n), NaN skipped (−inf for none): whole vectors, a last partial one under
+// a lane mask, the lanes reduced in a tree.
+ATTNLAB_AVX512 float max_of16(const float* x, int64_t n) {
+  __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  int64_t c = 0;
+  for (; c + 16 <= n; c += 16) m = _mm512_max_ps(_mm512_loadu_ps(x + c), m);  // NaN in x: m
+  if (c < n) {
+    m = _mm512_mask_max_ps(m, __mmask16((1u << (n - c)) - 1), _mm512_loadu_ps(x + c), m);
+  }
+  return _mm512_reduce_max_ps(m);
 }
 #endif
 
@@ -175,7 +185,16 @@ ATTNLAB_INLINE void online_softmax_block_impl(T* s, int64_t rows, int64_t cols, 
     if (mask) add_mask_row(x, mask + r * mask_ld, visible);
     const int64_t width = pad_to_chunks(x, visible, ld);
     const T old_max = row_max[r];
-    const T block_max = max_of(x, width);
+    T block_max;
+#ifdef ATTNLAB_HAVE_AVX512_EXP
+    if constexpr (Avx512) {
+      block_max = max_of16(x, width);
+    } else {
+      block_max = max_of(x, width);
+    }
+#else
+    block_max = max_of(x, width);
+#endif
     const T new_max = block_max > old_max ? block_max : old_max;
     if (new_max == kNegInf) {
       // Nothing visible yet. The max skips NaN, so look for one: NaN must not turn into zeros.
@@ -188,7 +207,8 @@ ATTNLAB_INLINE void online_softmax_block_impl(T* s, int64_t rows, int64_t cols, 
     }
     const T sum = exp_shift_sum<T, Avx512>(x, width, new_max);
     zero_from(x, width, cols);
-    const T alpha = exp_nonpositive(old_max - new_max);
+    // The first block of a row has nothing to rescale (and no exp to pay for).
+    const T alpha = old_max == kNegInf ? T(0) : exp_nonpositive(old_max - new_max);
     correction[r] = alpha;
     row_sum[r] = row_sum[r] * alpha + sum;
     row_max[r] = new_max;

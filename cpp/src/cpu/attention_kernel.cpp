@@ -410,11 +410,10 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   const bool small = p.len_q > 0 && p.len_k > 0 &&
                      small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
                      p.len_q <= kSmallBackwardMaxRows;
-  if (!small) {
-    std::fill(grad_query, grad_query + p.batch * p.len_q * E, T(0));
-    std::fill(grad_key, grad_key + p.batch * p.len_k * E, T(0));
-    std::fill(grad_value, grad_value + p.batch * p.len_k * Ev, T(0));
-    if (grad_mask) std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
+  // The blocked path's tasks zero their own parts of dQ, dK and dV just before they add to
+  // them (in parallel, and in cache for the additions that follow).
+  if (!small && grad_mask) {
+    std::fill(grad_mask, grad_mask + p.batch * p.len_q * p.len_k, T(0));
   }
   if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
@@ -491,6 +490,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
       const int64_t b = task / chunks, chunk = task % chunks;
       T* dq = (chunk == 0 ? grad_query : dq_parts.data() + (chunk - 1) * dq_size) +
               b * p.len_q * E;
+      if (chunk == 0) std::fill(dq, dq + p.len_q * E, T(0));
       const int64_t first_block = chunk * k_blocks / chunks;
       const int64_t last_block = (chunk + 1) * k_blocks / chunks;
       for (int64_t kb = first_block; kb < last_block; ++kb) {
@@ -498,6 +498,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
         const int64_t cols = std::min(kBackwardKeyBlock, p.len_k - j0);
         T* dk = grad_key + (b * p.len_k + j0) * E;
         T* dv = grad_value + (b * p.len_k + j0) * Ev;
+        std::fill(dk, dk + cols * E, T(0));
+        std::fill(dv, dv + cols * Ev, T(0));
         if constexpr (std::is_same_v<T, float>) {
           if (packing) {
             f32_pack_b(true, cols, E, p.key.row(b, j0), p.key.row_stride, keys_t.data());

@@ -249,16 +249,18 @@ def process_group(device: str | torch.device | None = None) -> Iterator[tuple[in
         dist.init_process_group("gloo")
     try:
         yield dist.get_rank(), dist.get_world_size()
-        # Every process is done before the group goes. gloo's worker threads drop their
-        # references to a finished collective's tensors after the caller has moved on; for a
-        # tensor Python has already let go of, that drop takes the GIL. A thread that asks for
-        # the GIL once the interpreter has begun to shut down is ended inside a C++ destructor
-        # (Python 3.11: "terminate called without an active exception", SIGABRT). Once
-        # DistributedDataParallel has used the group, destroy_process_group does not join
-        # those threads (torch 2.15: two pt_gloo_runloop threads still run after it and a
-        # gc.collect()), so they must be idle before the interpreter ends: the barrier's
-        # wait, then a pause with the GIL released, give them the time to finish. Not after
-        # an exception: the other processes may never arrive.
+        # Every process is done before the group goes. Once DistributedDataParallel has used
+        # a gloo group, destroy_process_group does not join gloo's worker threads (torch 2.15:
+        # two pt_gloo_runloop threads still run after it and a gc.collect()), so they outlive
+        # the interpreter. A worker that drops a Python-owned tensor then needs the GIL, and a
+        # thread that asks for it while Python 3.11 shuts down is ended inside a C++
+        # destructor: "terminate called without an active exception", SIGABRT (the known
+        # mechanism, pytorch/pytorch#179291). A two-process test run aborted that way once in
+        # CI; it did not recur in 40 runs on a 2-core machine, nor when provoked (an async
+        # all_reduce of 16-256 MB dropped just before exit), so what released what is not
+        # known. As a precaution the barrier's wait and then a pause with the GIL free give
+        # pending releases the time to finish. Not after an exception: the other processes
+        # may never arrive.
         dist.barrier()
         if dist.get_backend() == "gloo":
             time.sleep(_GLOO_DRAIN_SECONDS)

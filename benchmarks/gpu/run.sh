@@ -283,8 +283,10 @@ phase_fuzz() {
   local log=$1 rc examples=2000
   ((QUICK)) && examples=200
   # The *_checks_run_on_cpu tests are the CPU stand-ins for CI and skip where a GPU is present
-  # (by design): left out, so that a skip here still means something went wrong.
-  step "$log" env ATTNLAB_CUDA_FUZZ_EXAMPLES=$examples "$PY" -m pytest \
+  # (by design): left out, so that a skip here still means something went wrong. The case in
+  # progress is kept in fuzz-last-case.txt: after a crash, it names the inputs that caused it.
+  step "$log" env ATTNLAB_CUDA_FUZZ_EXAMPLES=$examples \
+       ATTNLAB_CUDA_FUZZ_TRACE="$OUTDIR/fuzz-last-case.txt" "$PY" -m pytest \
        tests/python/test_cuda_vs_cpu_properties.py -k "not checks_run_on_cpu" \
        -v -rs -p no:cacheprovider -o faulthandler_timeout=300 \
        --hypothesis-show-statistics --junitxml="$OUTDIR/fuzz.junit.xml"

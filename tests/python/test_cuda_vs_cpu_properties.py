@@ -15,24 +15,27 @@ value and a float mask are compared too.
   (F.scaled_dot_product_attention for outputs and gradients, matmul → softmax for the weights).
 
 2,000 examples in the default run (ATTNLAB_CUDA_FUZZ_EXAMPLES changes that), 10 times as many
-in the `slow` run. Without a GPU those tests skip ("no CUDA device"); the same checks then run a
+in the `slow` run. For a run that may crash the process: ATTNLAB_CUDA_FUZZ_TRACE=FILE rewrites
+FILE with each case (shapes, strides, dtypes, flags) before it runs, and
+ATTNLAB_CUDA_FUZZ_NO_SHRINK=1 reports the first failing case as drawn, without shrinking it. Without a GPU those tests skip ("no CUDA device"); the same checks then run a
 few derandomized examples on the CPU (the CPU float32 operator standing in for the kernels,
 its results rounded for half precision), so the generators and comparisons stay exercised.
 """
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 import attnlab
 import reference
-from test_properties import attention_cases, largest, upstream_gradient
+from test_properties import Case, attention_cases, largest, upstream_gradient
 
 HALF_DTYPES = [torch.float16, torch.bfloat16]
 FLOAT32_TOLERANCE = 1e-5
@@ -53,10 +56,19 @@ on_cpu_only = pytest.mark.skipif(torch.cuda.is_available(),
                                  reason="the GPU runs the full property tests instead")
 
 
+TRACE = os.environ.get("ATTNLAB_CUDA_FUZZ_TRACE")
+if os.environ.get("ATTNLAB_CUDA_FUZZ_NO_SHRINK") == "1":
+    NO_SHRINK = {"phases": [Phase.explicit, Phase.reuse, Phase.generate]}
+else:
+    NO_SHRINK = {}
+
+
 def fuzz(strategy, examples, **extra):
     """The settings every property here shares."""
+    extra = {**NO_SHRINK, **extra}
+
     def decorate(check):
-        return settings(max_examples=examples, deadline=None, database=None,
+        return settings(max_examples=examples, deadline=None, database=None, print_blob=True,
                         suppress_health_check=[HealthCheck.too_slow,
                                                HealthCheck.data_too_large], **extra)(
             given(strategy)(check))
@@ -64,6 +76,23 @@ def fuzz(strategy, examples, **extra):
 
 
 # ---- helpers --------------------------------------------------------------------------------
+
+
+def describe(case, need_weights, dtype):
+    """One line per input: what a crashed run's trace file shows of the case it was in."""
+    lines = [f"dtype {dtype}, need_weights {need_weights}, is_causal {case.is_causal}, "
+             f"scale {case.scale}, seed {case.seed}"]
+    for name in ("query", "key", "value", "attn_mask"):
+        t = getattr(case, name)
+        lines.append(f"{name}: None" if t is None else
+                     f"{name}: {t.dtype} shape {list(t.shape)} stride {list(t.stride())} "
+                     f"offset {t.storage_offset()}")
+    return "\n".join(lines) + "\n"
+
+
+def trace(case, need_weights, dtype):
+    if TRACE:
+        Path(TRACE).write_text(describe(case, need_weights, dtype))
 
 
 def like_on(t, device, dtype=None):
@@ -146,6 +175,7 @@ GRAD_NAMES = ["query", "key", "value", "attn_mask"]
 
 
 def check_float32(case, need_weights, device):
+    trace(case, need_weights, torch.float32)
     grad_output = upstream(case, case.query, case.key, case.value, case.attn_mask)
     args = (case.attn_mask, case.is_causal, case.scale)
     gpu = [like_on(t, device) for t in (case.query, case.key, case.value, case.attn_mask)]
@@ -196,6 +226,29 @@ def test_float32_cuda_matches_cpu_operator_slow(drawn):
 @fuzz(st.tuples(cuda_cases, st.booleans()), CPU_EXAMPLES, derandomize=True)
 def test_float32_checks_run_on_cpu(drawn):
     check_float32(*drawn, "cpu")
+
+
+def saturated_case(seed):
+    """The shape of a case the GPU fuzz run found (H200, 2026-11-27): one query over two keys
+    (per batch entry, the keys shared), head size 164, scale 2, so that the scores are tens
+    apart and the softmax sits on one key. A backward that recomputes the probabilities as
+    exp(s − lse) from a float32 log-sum-exp left up to 2.7e-5 (relative) in dQ for these
+    seeds (seeds 0 and 2 above 1e-5, in a float32 model of the kernel's arithmetic)."""
+    draw = torch.Generator().manual_seed(seed)
+    return Case(torch.randn(2, 1, 164, generator=draw), torch.randn(2, 164, generator=draw),
+                torch.randn(2, 2, 164, generator=draw), None, False, 2.0, seed)
+
+
+@requires_gpu
+@pytest.mark.parametrize("seed", range(10))
+def test_float32_saturated_softmax_gradients(seed):
+    check_float32(saturated_case(seed), False, "cuda")
+
+
+@on_cpu_only
+@pytest.mark.parametrize("seed", range(3))
+def test_float32_saturated_softmax_checks_run_on_cpu(seed):
+    check_float32(saturated_case(seed), False, "cpu")
 
 
 # ---- float16 / bfloat16: CUDA against the CPU operator, bounded by torch's own error ---------
@@ -258,6 +311,7 @@ def plain_weights(q, k, mask, is_causal, scale):
 
 
 def check_half(case, need_weights, dtype, device):
+    trace(case, need_weights, dtype)
     # Every implementation sees the same values: the inputs (and a float mask) rounded to dtype.
     def rounded(t):
         return None if t is None or t.dtype == torch.bool else t.to(dtype).to(t.dtype)

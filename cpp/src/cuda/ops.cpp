@@ -164,7 +164,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   Tensor grad_m = mask_grad ? at::zeros(with_tail(batch_shape, {len_q, len_k}),
                                         options.dtype(at::kFloat))
                             : at::empty({0}, options);
-  Tensor delta = at::empty(with_tail(batch_shape, {len_q}), options.dtype(at::kFloat));
   const Tensor out = output.contiguous();
   const Tensor lse = logsumexp.to(at::kFloat).contiguous();
 
@@ -172,6 +171,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
   const MatrixOperand dout = batch.operand(grad_output, len_q, dim_v);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  // Per query row: delta (flash), or max, 1/sum and delta (generic).
+  Tensor row_scratch = at::empty({3 * p.batch * len_q}, options.dtype(at::kFloat));
   const bool flash = !mask_grad && flash_kernels_enabled() &&
                      tensor_core_kernels_apply(p, query.scalar_type(), false) &&
                      aligned_rows(dout, p.shape.dims);
@@ -185,14 +186,13 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
           Tensor grad_q_accum = at::zeros({p.batch, len_q, dim_qk}, options.dtype(at::kFloat));
           return sdpa_backward_flash<T, kHead>(
               p, dout, static_cast<const T*>(out.const_data_ptr()), lse.const_data_ptr<float>(),
-              delta.data_ptr<float>(), grad_q_accum.data_ptr<float>(),
+              row_scratch.data_ptr<float>(), grad_q_accum.data_ptr<float>(),
               static_cast<T*>(grad_q.data_ptr()), static_cast<T*>(grad_k.data_ptr()),
               static_cast<T*>(grad_v.data_ptr()), stream);
         }
       }
       sdpa_backward<T, decltype(family)::value>(
-          p, dout, lse.const_data_ptr<float>(),
-          delta.data_ptr<float>(), static_cast<T*>(grad_q.data_ptr()),
+          p, dout, row_scratch.data_ptr<float>(), static_cast<T*>(grad_q.data_ptr()),
           static_cast<T*>(grad_k.data_ptr()), static_cast<T*>(grad_v.data_ptr()),
           mask_grad ? grad_m.data_ptr<float>() : nullptr, stream);
     });

@@ -6,10 +6,10 @@
 //
 //   forward   online softmax over key tiles; keeps the log-sum-exp; with need_weights a second
 //             pass over the same tiles writes exp(s − max)/sum.
-//   backward  two kernels that recompute the probabilities from the log-sum-exp: one per
-//             query block (delta_i = Σ_j P_ij·dP_ij in a first pass over the key tiles, then
-//             dQ and the mask's gradient), one per key block (dK, dV). No atomics: every
-//             gradient element has one owner.
+//   backward  two kernels that recompute the probabilities as exp(s − max)/sum: one per
+//             query block (each row's max, sum and delta_i = Σ_j P_ij·dP_ij in a first pass
+//             over the key tiles, then dQ and the mask's gradient), one per key block (dK,
+//             dV). No atomics: every gradient element has one owner.
 //
 // Instantiate with ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead) in one translation unit per
 // (dtype, head-size family).
@@ -75,11 +75,18 @@ __device__ __forceinline__ float masked_score(float dot_qk, const SdpaProblem& p
   return m == kNegInf ? kNegInf : dot_qk * p.scale + m;
 }
 
-// exp(s − lse): the normalized probability; 0 for invisible pairs and for queries with every
-// key masked (lse = −inf). A NaN score stays NaN.
-__device__ __forceinline__ float prob_from_lse(float s, float lse) {
-  return s == kNegInf || lse == kNegInf ? 0.f : expf(s - lse);
+// exp(s − max)/sum, as the forward normalizes: 0 for invisible pairs and for queries with
+// every key masked (max = −inf). A NaN score stays NaN.
+__device__ __forceinline__ float normalized_prob(float s, float row_max, float inv_sum) {
+  return s == kNegInf || row_max == kNegInf ? 0.f : expf(s - row_max) * inv_sum;
 }
+
+// What the dQ kernel finds of each query row and the dK/dV kernel reads, [batch·len_q] each.
+struct BackwardRowStats {
+  float* row_max;
+  float* inv_sum;
+  float* delta;
+};
 
 // Keys a query block [i0, i0 + rows) can see: all, or under the causal mask those up to its
 // last row.
@@ -203,18 +210,22 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
 // dQ_i = scale·Σ_j dS_ij·K_j with dS = P ⊙ (dP − delta), dP = dO·Vᵀ; one block per query
 // block, looping over key tiles as the forward does. Also writes dS into grad_mask.
 //
-// delta_i = Σ_j P_ij·dP_ij is computed first, in float32, in one more pass over the key tiles,
-// and written for the dK/dV kernel. It is the same sum as Σ_c dO_ic·O_ic, but made of the very
-// dP_ij values that dP − delta then cancels against, so a row whose probability sits on one key
-// gets dS = 0 exactly. Through O it went wrong twice on the first GPU runs (H200, 2026-11-27):
-// in float16/bfloat16 the output is already rounded to 16 bits, which put the gradients at
-// 2-2.5x torch's error (causal rows with masks; one query over two keys); in float32 the two
-// sums are rounded in different orders, which left 1.2e-5 (relative) in dQ where the exact
-// gradient is 0 (one query, one key, head size 203, scale 2).
+// The probabilities are recomputed as the forward made them, exp(s − max_i)/sum_i, from a row
+// max and sum that a first pass over the key tiles finds again (an online softmax per lane,
+// merged across the warp), not from the forward's log-sum-exp: max_i + log(sum_i) rounds to
+// the ulp of the scores (about 2e-6 where |s| ≈ 30), so exp(s − lse) scales the whole row by up
+// to 1 ± 1e-5 and its probabilities do not sum to 1. Where a row's probability sits on one key
+// that made dS = P·(dP − Σ P·dP) = P·(1 − P)·dP nonzero where it is exactly 0: the fuzz runs on
+// the H200 (2026-11-27) found 1.4e-5 (relative) in dQ at one query over two keys, head size
+// 164, scale 2, and 2.8e-5 in float16 at scale −2.6 (torch: 9.6e-7). The same pass sums
+// delta_i = Σ_j P_ij·dP_ij from the very dP values that dP − delta cancels against (through
+// Σ_c dO_ic·O_ic it went wrong on the first GPU runs: in float16/bfloat16 O is rounded to 16
+// bits; in float32 the two sums are rounded in different orders). The row max, 1/sum and delta
+// go to scratch for the dK/dV kernel.
 template <typename T, int kHead>
 __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
-    sdpa_grad_query_kernel(SdpaProblem p, MatrixOperand grad_output, const float* logsumexp,
-                           float* delta, T* grad_query, float* grad_mask) {
+    sdpa_grad_query_kernel(SdpaProblem p, MatrixOperand grad_output, BackwardRowStats stats,
+                           T* grad_query, float* grad_mask) {
   using Tiles = GenericTiles<kHead>;
   constexpr int R = Tiles::kRowsPerWarp;
   extern __shared__ float smem[];
@@ -234,12 +245,11 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
   load_tile(q_tile, kHead, Tiles::kRows, kHead, query, i0, p.len_q, p.dim_qk);
   load_tile(do_tile, kHead, Tiles::kRows, kHead, dout, i0, p.len_q, p.dim_v);
 
-  float row_lse[R], row_delta[R], dq[R][Tiles::kPerLane];
+  float row_max[R], row_inv_sum[R], row_delta[R], dq[R][Tiles::kPerLane];
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
-    const int64_t i = i0 + warp * R + rr;
-    row_lse[rr] = i < p.len_q ? logsumexp[b * p.len_q + i] : kNegInf;
-    row_delta[rr] = 0.f;
+    row_max[rr] = kNegInf;
+    row_inv_sum[rr] = row_delta[rr] = 0.f;
 #pragma unroll
     for (int t = 0; t < Tiles::kPerLane; ++t) dq[rr][t] = 0.f;
   }
@@ -252,9 +262,10 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
     load_tile(v_tile, Tiles::kPadded, Tiles::kCols, kHead, value, j0, p.len_k, p.dim_v);
     __syncthreads();
   };
-  // Lane l adds P_ij·dP_ij of key j0 + l to each of the warp's rows; the warp sums at the end.
-  // As in the reference's Σ_j P_ij·dP_ij, a NaN in a V row reaches delta even where P is 0
-  // (0·NaN).
+  // Lane l keeps, for each of the warp's rows, the max of its keys' scores (row_max), the sum
+  // of exp(s − max) (row_inv_sum, inverted below) and of exp(s − max)·dP (row_delta), rescaled
+  // when the max grows. As in the reference's Σ_j P_ij·dP_ij, a NaN in a V row reaches delta
+  // even where P is 0 (0·NaN); a NaN score makes the row's sum NaN, as in the forward.
   for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
     load_key_tiles(j0);
 #pragma unroll
@@ -262,16 +273,36 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
       const int r = warp * R + rr;
       const float s = masked_score(dot(q_tile + r * kHead, k_tile + lane * Tiles::kPadded,
                                        p.dim_qk), p, mask, i0 + r, j0 + lane);
-      const float prob = prob_from_lse(s, row_lse[rr]);
       const float dp = dot(do_tile + r * kHead, v_tile + lane * Tiles::kPadded, p.dim_v);
-      row_delta[rr] = fmaf(prob, dp, row_delta[rr]);
+      if (s > row_max[rr]) {
+        const float c = row_max[rr] == kNegInf ? 0.f : expf(row_max[rr] - s);
+        row_inv_sum[rr] = fmaf(row_inv_sum[rr], c, 1.f);
+        row_delta[rr] = fmaf(row_delta[rr], c, dp);
+        row_max[rr] = s;
+      } else {
+        const float e = s == kNegInf ? 0.f : expf(s - row_max[rr]);
+        row_inv_sum[rr] += e;
+        row_delta[rr] = fmaf(e, dp, row_delta[rr]);
+      }
     }
   }
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
-    row_delta[rr] = warp_sum(row_delta[rr]);
+    // Merge the lanes: each one's sums rescaled to the row's max (a lane that saw only hidden
+    // keys has 0, or NaN from 0·NaN, and keeps it).
+    const float m = warp_max(row_max[rr]);
+    const float c = row_max[rr] == m ? 1.f : expf(row_max[rr] - m);
+    const float sum = warp_sum(row_inv_sum[rr] * c);
+    row_inv_sum[rr] = sum == 0.f ? 0.f : 1.f / sum;  // 0 where every key is hidden
+    row_delta[rr] = warp_sum(row_delta[rr] * c) * row_inv_sum[rr];
+    row_max[rr] = m;
     const int64_t i = i0 + warp * R + rr;
-    if (lane == 0 && i < p.len_q) delta[b * p.len_q + i] = row_delta[rr];
+    if (lane == 0 && i < p.len_q) {
+      const int64_t row = b * p.len_q + i;
+      stats.row_max[row] = m;
+      stats.inv_sum[row] = row_inv_sum[rr];
+      stats.delta[row] = row_delta[rr];
+    }
   }
   for (int64_t j0 = 0; j0 < keys; j0 += Tiles::kCols) {
     load_key_tiles(j0);
@@ -284,7 +315,7 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
       const int64_t i = i0 + r;
       const float s = masked_score(dot(q_tile + r * kHead, k_tile + lane * Tiles::kPadded, p.dim_qk),
                                    p, mask, i, j);
-      const float prob = prob_from_lse(s, row_lse[rr]);
+      const float prob = normalized_prob(s, row_max[rr], row_inv_sum[rr]);
       const float dp = dot(do_tile + r * kHead, v_tile + lane * Tiles::kPadded, p.dim_v);
       ds[rr] = prob * (dp - row_delta[rr]);
       if (grad_mask != nullptr && i < p.len_q && j < p.len_k) {
@@ -322,8 +353,8 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
 // the query tiles that can see it.
 template <typename T, int kHead>
 __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
-    sdpa_grad_key_value_kernel(SdpaProblem p, MatrixOperand grad_output, const float* logsumexp,
-                               const float* delta, T* grad_key, T* grad_value) {
+    sdpa_grad_key_value_kernel(SdpaProblem p, MatrixOperand grad_output, BackwardRowStats stats,
+                               T* grad_key, T* grad_value) {
   using Tiles = GenericTiles<kHead>;
   constexpr int R = Tiles::kRowsPerWarp;
   extern __shared__ float smem[];
@@ -360,15 +391,17 @@ __global__ void __launch_bounds__(GenericTiles<kHead>::kThreads)
 
     // Lane l takes query q0 + l against each of the warp's keys.
     const int64_t i = q0 + lane;
-    const float lse = i < p.len_q ? logsumexp[b * p.len_q + i] : kNegInf;
-    const float delta_i = i < p.len_q ? delta[b * p.len_q + i] : 0.f;
+    const int64_t row = b * p.len_q + i;
+    const float max_i = i < p.len_q ? stats.row_max[row] : kNegInf;
+    const float inv_sum_i = i < p.len_q ? stats.inv_sum[row] : 0.f;
+    const float delta_i = i < p.len_q ? stats.delta[row] : 0.f;
     float prob[R], ds[R];
 #pragma unroll
     for (int rr = 0; rr < R; ++rr) {
       const int r = warp * R + rr;
       const float s = masked_score(dot(q_tile + lane * Tiles::kPadded, k_tile + r * kHead, p.dim_qk),
                                    p, mask, i, j0 + r);
-      prob[rr] = prob_from_lse(s, lse);
+      prob[rr] = normalized_prob(s, max_i, inv_sum_i);
       const float dp = dot(do_tile + lane * Tiles::kPadded, v_tile + r * kHead, p.dim_v);
       ds[rr] = prob[rr] * (dp - delta_i);
     }
@@ -420,19 +453,20 @@ void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
 }
 
 template <typename T, int kHead>
-void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output,
-                   const float* logsumexp, float* delta, T* grad_query, T* grad_key,
-                   T* grad_value, float* grad_mask, cudaStream_t stream) {
+void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, float* row_scratch,
+                   T* grad_query, T* grad_key, T* grad_value, float* grad_mask,
+                   cudaStream_t stream) {
   using Tiles = detail::GenericTiles<kHead>;
-  // The dQ kernel computes delta itself, from the probabilities (see it).
+  // The dQ kernel finds each row's max, sum and delta itself, from the scores (see it).
+  const int64_t rows = p.batch * p.len_q;
+  const detail::BackwardRowStats stats{row_scratch, row_scratch + rows, row_scratch + 2 * rows};
   constexpr size_t smem = Tiles::kBackwardSharedBytes;
   detail::launch(detail::sdpa_grad_query_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_q, Tiles::kRows), Tiles::kThreads, smem, stream,
-                 p, grad_output, logsumexp, delta, grad_query, grad_mask);
+                 p, grad_output, stats, grad_query, grad_mask);
   detail::launch(detail::sdpa_grad_key_value_kernel<T, kHead>,
                  p.batch * detail::ceil_div(p.len_k, Tiles::kRows), Tiles::kThreads, smem, stream,
-                 p, grad_output, logsumexp, static_cast<const float*>(delta), grad_key,
-                 grad_value);
+                 p, grad_output, stats, grad_key, grad_value);
 }
 
 }  // namespace attnlab::cuda
@@ -440,7 +474,6 @@ void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output,
 #define ATTNLAB_INSTANTIATE_SDPA_GENERIC(T, kHead)                                           \
   namespace attnlab::cuda {                                                                   \
   template void sdpa_forward<T, kHead>(const SdpaProblem&, T*, float*, T*, cudaStream_t);     \
-  template void sdpa_backward<T, kHead>(const SdpaProblem&, const MatrixOperand&,             \
-                                        const float*, float*, T*, T*, T*, float*,             \
-                                        cudaStream_t);                                        \
+  template void sdpa_backward<T, kHead>(const SdpaProblem&, const MatrixOperand&, float*,     \
+                                        T*, T*, T*, float*, cudaStream_t);                    \
   }

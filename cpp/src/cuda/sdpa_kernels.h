@@ -42,11 +42,13 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
 // Gradients at the flattened batch, contiguous, written (not accumulated): grad_query
 // [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk], grad_value [batch, len_k, dim_v];
 // grad_mask (float32 [batch, len_q, len_k], may be null) receives the scores' gradient.
-// delta is float32 scratch of [batch, len_q]. grad_output is indexed like the query.
+// row_scratch is float32 scratch of 3·batch·len_q (each query row's max, 1/sum and delta, found
+// again from the scores: the forward's log-sum-exp is not read, see sdpa_generic.cuh).
+// grad_output is indexed like the query.
 template <typename T, int kHead>
-void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output,
-                   const float* logsumexp, float* delta, T* grad_query, T* grad_key,
-                   T* grad_value, float* grad_mask, cudaStream_t stream);
+void sdpa_backward(const SdpaProblem& p, const MatrixOperand& grad_output, float* row_scratch,
+                   T* grad_query, T* grad_key, T* grad_value, float* grad_mask,
+                   cudaStream_t stream);
 
 // Additive (Bahdanau) scores over contiguous tensors, float32 accumulation:
 //   scores[b, q, k] = Σ_j weight[j]·tanh(query_proj[b, q, j] + key_proj[b, k, j]).

@@ -71,6 +71,11 @@ void block_gemm(const AttentionProblem<T>& p, bool trans_a, bool trans_b, int64_
 struct PackedHead {
   const float* key = nullptr;    // op(B) = Kᵀ: dim_qk rows, len_k columns
   const float* value = nullptr;  // op(B) = V: len_k rows, dim_v columns
+  // Or, for bfloat16 products through the brgemm route (bf16_gemm_prepacked), the same two in
+  // bfloat16 pairs with their leading dimensions.
+  const uint32_t* key16 = nullptr;
+  const uint32_t* value16 = nullptr;
+  int64_t ld_key16 = 0, ld_value16 = 0;
 };
 
 // Per thread: the packed K and V of the batch entry whose query blocks it is running, packed
@@ -88,6 +93,18 @@ class HeadPacker {
       const float* v = p.value.row(b, 0);
       if (id_k == nullptr) id_k = k;
       if (id_v == nullptr) id_v = v;
+      if (p.bf16_operands) {
+        const int64_t ld_k = bf16_packed_ld(p.len_k), ld_v = bf16_packed_ld(p.dim_v);
+        if (id_k != key_ || id_v != value_) {
+          keys16_.resize(bf16_packed_pairs(p.dim_qk, p.len_k));
+          values16_.resize(bf16_packed_pairs(p.len_k, p.dim_v));
+          bf16_pack_b(true, p.dim_qk, p.len_k, k, p.key.row_stride, keys16_.data());
+          bf16_pack_b(false, p.len_k, p.dim_v, v, p.value.row_stride, values16_.data());
+          key_ = id_k;
+          value_ = id_v;
+        }
+        return {nullptr, nullptr, keys16_.data(), values16_.data(), ld_k, ld_v};
+      }
       if (id_k != key_ || id_v != value_) {
         keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
         values_.resize(f32_packed_size(p.dim_v, p.len_k));
@@ -106,6 +123,7 @@ class HeadPacker {
   const void* key_ = nullptr;
   const void* value_ = nullptr;
   std::vector<float> keys_, values_;
+  std::vector<uint32_t> keys16_, values16_;
 };
 
 // Per thread, for AttentionProblem::narrow: the problem with the float16/bfloat16 Q, K and V of
@@ -150,12 +168,20 @@ class HeadWidener {
   const uint16_t* value_ = nullptr;
 };
 
-// Whether the forward's blocked path packs each head once (HeadPacker): float32 products on
-// attnlab's AVX-512 GEMM (bfloat16 products keep their own packing).
+// Whether the blocked paths pack each head's (forward) or key block's (backward) operands once:
+// float32 products on attnlab's AVX-512 GEMM (bfloat16 products keep their own packing).
 template <typename T>
 bool pack_heads(const AttentionProblem<T>& p) {
   return std::is_same_v<T, float> && f32_gemm_available() &&
          !(p.bf16_operands && bf16_gemm_available());
+}
+
+// Whether the forward packs each head's K and V once in bfloat16 (HeadPacker) for products
+// through the brgemm route (AMX tiles): packing them again for every product took about a
+// fifth of a (8, 8, 512, 64) bfloat16 forward on an AMX Xeon (perf, one thread).
+template <typename T>
+bool pack_heads_bf16(const AttentionProblem<T>& p) {
+  return std::is_same_v<T, float> && p.bf16_operands && bf16_prepacked_route();
 }
 
 // ld-strided scores [rows, cols] = scale·Q[i0 : i0 + rows]·K[j0 : j0 + cols]ᵀ (j0 a multiple of
@@ -164,6 +190,11 @@ template <typename T>
 void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b, int64_t i0,
                  int64_t rows, int64_t j0, int64_t cols, T* scores, int64_t ld) {
   if constexpr (std::is_same_v<T, float>) {
+    if (packed.key16) {
+      bf16_gemm_prepacked(rows, cols, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
+                          packed.key16, packed.ld_key16, 0, j0, false, scores, ld);
+      return;
+    }
     if (packed.key) {
       f32_gemm_packed(false, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0),
                       p.query.row_stride, packed.key + j0 * p.dim_qk, p.len_k - j0, p.dim_qk, 0,
@@ -181,6 +212,14 @@ void values_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t
                  int64_t rows, int64_t j0, int64_t cols, const T* probs, int64_t ldp, T beta,
                  T* out) {
   if constexpr (std::is_same_v<T, float>) {
+    // An odd number of keys ending before the last pairs the probabilities' zero padding with
+    // the next key's values (bf16_gemm_prepacked): those products are packed per call instead.
+    if (packed.value16 && (beta == 0.0f || beta == 1.0f) && j0 % 2 == 0 &&
+        (cols % 2 == 0 || j0 + cols == p.len_k)) {
+      bf16_gemm_prepacked(rows, p.dim_v, cols, 1.0f, probs, ldp, packed.value16,
+                          packed.ld_value16, j0, 0, beta == 1.0f, out, p.dim_v);
+      return;
+    }
     if (packed.value) {
       f32_gemm_packed(false, rows, p.dim_v, cols, 1.0f, probs, ldp, packed.value, p.dim_v,
                       p.len_k, j0, beta, out, p.dim_v);
@@ -255,7 +294,8 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   // Under the causal mask (with packed heads) the products run in groups of rows, each only
   // up to the keys its last row sees, as in forward_online; the softmax reads no further and
   // zero-fills the rest of each row up to kv_end.
-  const int64_t group = p.causal && packed.key != nullptr ? kCausalRowGroup : rows;
+  const int64_t group =
+      p.causal && (packed.key != nullptr || packed.key16 != nullptr) ? kCausalRowGroup : rows;
   const auto group_keys = [&](int64_t r0, int64_t g) {
     return p.causal ? std::min(kv_end, i0 + r0 + g) : kv_end;
   };
@@ -308,7 +348,8 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
     // runs in groups of rows, each only up to its own last visible key: the hidden triangle
     // then costs about a group's width per row instead of the block's. Without packed heads
     // each group would pack its keys again, so only then.
-    const bool cut = p.causal && packed.key != nullptr && i0 + 1 < j0 + cols;
+    const bool cut = p.causal && (packed.key != nullptr || packed.key16 != nullptr) &&
+                     i0 + 1 < j0 + cols;
     const int64_t group = cut ? kCausalRowGroup : rows;
     for (int64_t r0 = 0; r0 < rows; r0 += group) {
       const int64_t g = std::min(group, rows - r0);
@@ -366,7 +407,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
     std::vector<T> weights_block(
         weights && weights_through_buffer<T>(block_q, p.len_k) ? block_q * p.len_k : 0);
     HeadPacker packer;
-    const bool packing = pack_heads(p);
+    const bool packing = pack_heads(p) || pack_heads_bf16(p);
     HeadWidener widener;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
@@ -396,6 +437,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
                        correction.data(), scores.data());
       }
     }
+    if (packing && pack_heads_bf16(p)) bf16_prepacked_release();
   });
 }
 

@@ -117,6 +117,24 @@ ATTNLAB_BF16 void pack_transposed_pairs(const float* x, int64_t ldx, int64_t k, 
   }
 }
 
+// pack_rows of alpha·X (alpha a power of two, so that the rounding is that of X itself).
+ATTNLAB_BF16 void pack_rows_scaled(const float* x, int64_t ldx, int64_t k, int64_t width,
+                                   float alpha, Pair* out, int64_t ldo) {
+  const int64_t pairs = (k + 1) / 2;
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int64_t i = 0; i < width; ++i) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += kLanes16) {
+      const int64_t count = k - 2 * p0;
+      const float* r = x + i * ldx + 2 * p0;
+      const __m512 lo = _mm512_mul_ps(scale, _mm512_maskz_loadu_ps(first_lanes(count), r));
+      const __m512 hi =
+          _mm512_mul_ps(scale, _mm512_maskz_loadu_ps(first_lanes(count - 16), r + 16));
+      _mm512_mask_storeu_epi32(out + i * ldo + p0, first_lanes(pairs - p0),
+                               (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+  }
+}
+
 // X has `width` rows of k contiguous floats: out[i·ldo + p] = pair p of row i. A when not
 // transposed (the broadcasts then walk along a row).
 ATTNLAB_BF16 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width, Pair* out,
@@ -216,6 +234,19 @@ void brgemm_panels(int64_t m, int64_t n, int64_t pairs, const Pair* pa, const Pa
     }
   }
   at::native::cpublas::brgemm_release(true);
+}
+
+// C[m×n] *= alpha.
+ATTNLAB_BF16 void scale_block(int64_t m, int64_t n, float alpha, float* c, int64_t ldc) {
+  const __m512 scale = _mm512_set1_ps(alpha);
+  for (int64_t i = 0; i < m; ++i) {
+    float* ci = c + i * ldc;
+    for (int64_t j = 0; j < n; j += kLanes16) {
+      const __mmask16 lanes = first_lanes(n - j);
+      _mm512_mask_storeu_ps(ci + j, lanes,
+                            _mm512_mul_ps(scale, _mm512_maskz_loadu_ps(lanes, ci + j)));
+    }
+  }
 }
 
 // brgemm: products of a non-transposed A through oneDNN (brgemm_panels); transposed A (the
@@ -392,10 +423,62 @@ bool bf16_gemm_available() {
   return available;
 }
 
+bool bf16_prepacked_route() { return bf16_gemm_available() && brgemm_route(); }
+
+void bf16_prepacked_release() {
+  if (bf16_prepacked_route()) at::native::cpublas::brgemm_release(true);
+}
+
 const char* bf16_products() {
   if (!bf16_gemm_available()) return "float32";
   if (!brgemm_route()) return "avx512_bf16";
   return at::native::cpublas::could_pack(at::kBFloat16) ? "amx" : "onednn_brgemm";
+}
+
+int64_t bf16_packed_ld(int64_t n) { return round_up(n, kLanes16); }
+
+int64_t bf16_packed_pairs(int64_t k, int64_t n) { return (k + 1) / 2 * round_up(n, kLanes16); }
+
+void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
+                 uint32_t* packed) {
+  if (trans_b) {
+    pack_transposed_pairs(b, ldb, k, n, packed, bf16_packed_ld(n));
+  } else {
+    pack_row_pairs(b, ldb, k, n, packed, bf16_packed_ld(n));
+  }
+}
+
+void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0, int64_t n0,
+                         bool accumulate, float* c, int64_t ldc) {
+  TORCH_CHECK(k0 % 2 == 0 && (alpha == 1.0f || !accumulate),
+              "bf16_gemm_prepacked: k0 must be even and alpha 1 when accumulating");
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // an empty sum: C unchanged when accumulating, else 0
+    if (!accumulate) {
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    }
+    return;
+  }
+  thread_local std::vector<Pair> packed_a;
+  const int64_t pairs = (k + 1) / 2;
+  if (static_cast<int64_t>(packed_a.size()) < m * pairs) packed_a.resize(m * pairs);
+  // A power-of-two alpha (the scale 1/√d at d = 4, 16, 64, 256, ...) goes into A exactly (but
+  // for subnormal results); any other scales C after the product, which took 6 % of a
+  // (8, 8, 512, 64) bfloat16 forward (perf, one thread, AMX Xeon).
+  int exponent = 0;
+  const bool exact_alpha = alpha != 1.0f && !accumulate && std::frexp(alpha, &exponent) == 0.5f;
+  if (exact_alpha) {
+    pack_rows_scaled(a, lda, k, m, alpha, packed_a.data(), pairs);
+  } else {
+    pack_rows(a, lda, k, m, packed_a.data(), pairs);
+  }
+  const auto* b = reinterpret_cast<const c10::BFloat16*>(packed + (k0 / 2) * ldo + n0);
+  at::native::cpublas::brgemm(m, n, 2 * pairs, 2 * pairs, ldo, ldc, accumulate,
+                              reinterpret_cast<const c10::BFloat16*>(packed_a.data()), b, c,
+                              true);
+  // The tiles stay configured for the next product (bf16_prepacked_release ends that).
+  if (alpha != 1.0f && !exact_alpha) scale_block(m, n, alpha, c, ldc);
 }
 
 #else
@@ -403,6 +486,23 @@ const char* bf16_products() {
 bool bf16_gemm_available() { return false; }
 
 const char* bf16_products() { return "float32"; }
+
+bool bf16_prepacked_route() { return false; }
+
+void bf16_prepacked_release() {}
+
+int64_t bf16_packed_ld(int64_t n) { return n; }
+
+int64_t bf16_packed_pairs(int64_t, int64_t) { return 0; }
+
+void bf16_pack_b(bool, int64_t, int64_t, const float*, int64_t, uint32_t*) {
+  TORCH_CHECK(false, "bf16_pack_b: this build has no AVX512-BF16 kernels");
+}
+
+void bf16_gemm_prepacked(int64_t, int64_t, int64_t, float, const float*, int64_t,
+                         const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t) {
+  TORCH_CHECK(false, "bf16_gemm_prepacked: this build has no AVX512-BF16 kernels");
+}
 
 double bf16_product_speedup() { return 0.0; }
 

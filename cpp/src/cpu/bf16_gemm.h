@@ -44,4 +44,29 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc);
 
+// Products against a B packed once and used by many products (the attention's K and V, packed
+// once per head), through the brgemm route only: whether this CPU takes it (bf16_products() is
+// "amx" or "onednn_brgemm"), checked once.
+bool bf16_prepacked_route();
+// op(B) [k×n] (op(B) = Bᵀ when trans_b; B row-major with leading dimension ldb) rounded to
+// bfloat16 and packed in oneDNN's layout for bfloat16 B ("VNNI": rows 2p and 2p + 1 of op(B)
+// interleaved column by column, an odd k padded with a zero row), with leading dimension
+// bf16_packed_ld(n) (a multiple of 16), into bf16_packed_pairs(k, n) 32-bit words.
+int64_t bf16_packed_ld(int64_t n);
+int64_t bf16_packed_pairs(int64_t k, int64_t n);
+void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
+                 uint32_t* packed);
+// C[m×n] = alpha·A·op(B)[k0 : k0 + k, n0 : n0 + n], plus C when accumulate (then alpha must be
+// 1); A row-major [m×k] float, rounded to bfloat16; `packed` made by bf16_pack_b with leading
+// dimension ldo; k0 even. An odd k pairs A's last column (padded with 0) with row k0 + k of
+// op(B): 0 times that row, NaN if it holds an inf or NaN, so callers take an odd k only where
+// that row is the packed zero padding.
+void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                         int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0, int64_t n0,
+                         bool accumulate, float* c, int64_t ldc);
+// bf16_gemm_prepacked leaves the AMX tiles configured from one product to the next (releasing
+// and configuring them again for every product of a causal forward cost more than its products);
+// a thread calls this when its run of products is over.
+void bf16_prepacked_release();
+
 }  // namespace attnlab::cpu

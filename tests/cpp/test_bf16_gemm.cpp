@@ -194,3 +194,86 @@ TEST(BF16Gemm, WithoutAvx512Bf16IsTheFloatGemm) {
 }
 
 }  // namespace
+
+// bf16_gemm_prepacked (the attention forward's products against K and V packed once per head)
+// against the same float64 product of rounded operands: sub-blocks of the packed B at column
+// offsets n0 and even row offsets k0, odd k ending on the packed end (its zero padding), a
+// power-of-two alpha (folded into A) and another (applied to C), accumulation, and C's columns
+// beyond n untouched.
+TEST(BF16Gemm, PrepackedSubBlocksMatchRoundedFloat64) {
+  using attnlab::cpu::bf16_gemm_prepacked;
+  using attnlab::cpu::bf16_pack_b;
+  using attnlab::cpu::bf16_packed_ld;
+  using attnlab::cpu::bf16_packed_pairs;
+  if (!attnlab::cpu::bf16_prepacked_route()) {
+    GTEST_SKIP() << "this CPU does not take the brgemm route (" << bf16_products()
+                 << "): the attention packs per product there";
+  }
+  std::mt19937 rng(13);
+  std::normal_distribution<float> normal;
+  struct Sub {
+    bool trans_b;
+    int64_t full_k, full_n, m, k0, k, n0, n;
+    float alpha;
+    bool accumulate;
+  };
+  const Sub subs[] = {
+      {true, 64, 512, 64, 0, 64, 0, 512, 0.125f, false},    // Q·Kᵀ, one key block
+      {true, 64, 300, 16, 0, 64, 37, 200, 0.125f, false},   // a causal group's keys
+      {true, 33, 70, 5, 0, 33, 16, 54, 0.17f, false},       // odd head size, other scale
+      {false, 512, 64, 64, 0, 512, 0, 64, 1.0f, false},     // P·V
+      {false, 300, 64, 16, 128, 172, 0, 64, 1.0f, true},    // a later key block, accumulated
+      {false, 301, 48, 9, 100, 201, 0, 48, 1.0f, true},     // odd k ending on the packed end
+      {false, 301, 48, 9, 100, 200, 8, 40, 1.0f, false},    // even k inside, column offset
+  };
+  for (const Sub& t : subs) {
+    SCOPED_TRACE("trans_b " + std::to_string(t.trans_b) + ", B " + std::to_string(t.full_k) +
+                 "x" + std::to_string(t.full_n) + ", k0 " + std::to_string(t.k0) + ", k " +
+                 std::to_string(t.k) + ", n0 " + std::to_string(t.n0) + ", n " +
+                 std::to_string(t.n) + ", alpha " + std::to_string(t.alpha));
+    const int64_t ldb = t.trans_b ? t.full_k : t.full_n;  // B as stored: Kᵀ's rows are K's
+    std::vector<float> b((t.trans_b ? t.full_n : t.full_k) * ldb);
+    for (float& x : b) x = normal(rng);
+    std::vector<uint32_t> packed(bf16_packed_pairs(t.full_k, t.full_n));
+    bf16_pack_b(t.trans_b, t.full_k, t.full_n, b.data(), ldb, packed.data());
+    const int64_t lda = t.k + 3, ldc = t.n + 5;
+    std::vector<float> a(t.m * lda), c(t.m * ldc, kSentinel);
+    for (float& x : a) x = normal(rng);
+    std::vector<double> old(t.m * t.n, 0.0);
+    for (int64_t i = 0; i < t.m; ++i) {
+      for (int64_t j = 0; j < t.n; ++j) {
+        c[i * ldc + j] = t.accumulate ? normal(rng) : kNaN;
+        old[i * t.n + j] = t.accumulate ? c[i * ldc + j] : 0.0;
+      }
+    }
+    bf16_gemm_prepacked(t.m, t.n, t.k, t.alpha, a.data(), lda, packed.data(),
+                        bf16_packed_ld(t.full_n), t.k0, t.n0, t.accumulate, c.data(), ldc);
+    int wrong = 0;
+    for (int64_t i = 0; i < t.m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const float got = c[i * ldc + j];
+        if (j >= t.n) {
+          if (got != kSentinel) ++wrong;
+          continue;
+        }
+        double sum = 0.0, magnitude = 0.0;
+        for (int64_t p = 0; p < t.k; ++p) {
+          const int64_t row = t.k0 + p, col = t.n0 + j;  // of op(B)
+          const double x = to_bf16(a[i * lda + p]);
+          const double y = to_bf16(t.trans_b ? b[col * ldb + row] : b[row * ldb + col]);
+          sum += x * y;
+          magnitude += std::fabs(x * y);
+        }
+        const double expected = t.alpha * sum + old[i * t.n + j];
+        const double bound = 2e-7 * static_cast<double>(t.k + 2) *
+                                 (std::fabs(t.alpha) * magnitude + std::fabs(old[i * t.n + j])) +
+                             1e-30;
+        if (!(std::fabs(got - expected) <= bound)) {
+          if (wrong < 3) ADD_FAILURE() << "at (" << i << ", " << j << "): " << got << " vs " << expected;
+          ++wrong;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}

@@ -296,7 +296,7 @@ phase_fuzz() {
   return "$rc"
 }
 
-phase_cpu_amx() {  # the CPU's AMX route for bfloat16, which no build or CI machine has had
+phase_cpu_amx() {  # the CPU's AMX route for bfloat16, which few build or CI machines have had
   local log=$1 route
   if ((DRY)); then
     echo "  (if attnlab.build_info()['cpu_bf16_products'] == 'amx')" \

@@ -249,8 +249,27 @@ ATTNLAB_BF16 void scale_block(int64_t m, int64_t n, float alpha, float* c, int64
   }
 }
 
-// brgemm: products of a non-transposed A through oneDNN (brgemm_panels); transposed A (the
-// backward's dK and dV) and the default without AMX take the AVX512-BF16 register blocks.
+// in[p·ld + i] (pairs × m, ld a multiple of 16 and >= m) to out[i·pairs + p] (m × pairs).
+ATTNLAB_BF16 void transpose_pairs(const Pair* in, int64_t ld, int64_t pairs, int64_t m,
+                                  Pair* out) {
+  for (int64_t p0 = 0; p0 < pairs; p0 += kLanes16) {
+    const int64_t np = std::min(kLanes16, pairs - p0);
+    for (int64_t i0 = 0; i0 < m; i0 += kLanes16) {
+      Vec<float> r[16];
+      for (int64_t q = 0; q < 16; ++q) {
+        r[q] = q < np ? (Vec<float>)_mm512_loadu_si512(in + (p0 + q) * ld + i0) : Vec<float>{};
+      }
+      transpose_block<float>(r);  // r[i] now holds pairs p0.. of row i0 + i
+      const int64_t rows = std::min(kLanes16, m - i0);
+      for (int64_t i = 0; i < rows; ++i) {
+        _mm512_mask_storeu_epi32(out + (i0 + i) * pairs + p0, first_lanes(np), (__m512i)r[i]);
+      }
+    }
+  }
+}
+
+// brgemm: the products through oneDNN (brgemm_panels), a transposed A (the backward's dK and
+// dV) turned into rows first; without it the AVX512-BF16 register blocks.
 ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                    float alpha, const float* a, int64_t lda, const float* b,
                                    int64_t ldb, float beta, float* c, int64_t ldc, bool brgemm) {
@@ -284,7 +303,16 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
   }
   const Pair* pa = packed_a.data();
   const Pair* pb = packed_b.data();
-  if (brgemm && !trans_a) {
+  if (brgemm && trans_a) {
+    // oneDNN's brgemm takes A by rows: the pairs packed down op(A)'s columns above, turned
+    // into rows of pairs by 16×16 transposes.
+    thread_local std::vector<Pair> rows_a;
+    if (static_cast<int64_t>(rows_a.size()) < m * pairs) rows_a.resize(m * pairs);
+    transpose_pairs(pa, a_pair, pairs, m, rows_a.data());
+    brgemm_panels(m, n, pairs, rows_a.data(), pb, alpha, beta, c, ldc);
+    return;
+  }
+  if (brgemm) {
     brgemm_panels(m, n, pairs, pa, pb, alpha, beta, c, ldc);
     return;
   }

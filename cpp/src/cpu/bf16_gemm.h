@@ -15,7 +15,7 @@ namespace attnlab::cpu {
 bool bf16_gemm_available();
 
 // Where bf16_gemm runs its products, decided at the first call: "amx" (AMX-BF16 tiles through
-// torch's oneDNN brgemm, for non-transposed A: Intel Xeon since Sapphire Rapids; off with
+// torch's oneDNN brgemm, a transposed A turned into rows first: Intel Xeon since Sapphire Rapids; off with
 // ATTNLAB_CPU_BRGEMM=0), "onednn_brgemm" (the same route without AMX, taken only with
 // ATTNLAB_CPU_BRGEMM=1), "avx512_bf16" (attnlab's vdpbf16ps blocks) or "float32" (the float32
 // gemm, unrounded).

@@ -24,7 +24,7 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                     memcheck     tests/cuda_sanitizer.sh with compute-sanitizer memcheck
                     racecheck    tests/cuda_sanitizer.sh with compute-sanitizer racecheck
                     cpu-amx      where the host CPU takes bfloat16 products on AMX tiles (the
-                                 GPU machines' CPUs have AMX; the build machines' do not):
+                                 GPU machines' CPUs have AMX; few build machines' do):
                                  pytest tests/python/test_reduced_precision_cpu.py
                     bench-speed  benchmarks/attention_cuda.py --tables half float32
                     bench-extra  benchmarks/attention_cuda.py --tables weights memory

@@ -44,9 +44,11 @@ bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v);
 
 // output [batch, len_q, dim_v] and logsumexp [batch, len_q], contiguous. weights, when not
 // null, receives the normalized attention [batch, len_q, len_k]. Memory beyond the outputs is
-// O(block²) per thread.
+// O(block²) per thread. output16 (only for a narrow problem, T = float): the output is written
+// there instead, rounded to the inputs' float16/bfloat16 (output is then not used).
 template <typename T>
-void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights);
+void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights,
+                       uint16_t* output16 = nullptr);
 
 // Gradients, contiguous at the broadcast batch shape, written (not accumulated):
 // grad_query [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk],

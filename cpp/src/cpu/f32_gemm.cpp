@@ -278,9 +278,44 @@ ATTNLAB_F32 void f32_widen_rows_avx512(const uint16_t* src, int64_t ld, int64_t 
   }
 }
 
+// dst[r·ld + c] = src[r·cols + c] rounded to bfloat16 or float16 (nearest, ties to even), as
+// torch rounds; a NaN becomes the quiet NaN 0x7FC0 (as c10::BFloat16 does; torch's vectorized
+// conversion writes 0xFFFF, also a NaN).
+ATTNLAB_F32 void f32_narrow_rows_avx512(const float* src, int64_t rows, int64_t cols, bool bf16,
+                                        uint16_t* dst, int64_t ld) {
+  const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
+  const __m512i quiet_nan = _mm512_set1_epi32(0x7FC0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * cols;
+    uint16_t* d = dst + r * ld;
+    for (int64_t c = 0; c < cols; c += kL) {
+      const __mmask16 lanes = first_lanes(cols - c);
+      const __m512 x = _mm512_maskz_loadu_ps(lanes, s + c);
+      __m256i half;
+      if (bf16) {
+        const __m512i bits = _mm512_castps_si512(x);
+        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
+        __m512i rounded =
+            _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb)), 16);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        rounded = _mm512_mask_mov_epi32(rounded, nan, quiet_nan);
+        half = _mm512_cvtepi32_epi16(rounded);
+      } else {
+        half = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      }
+      _mm256_mask_storeu_epi16(d + c, lanes, half);
+    }
+  }
+}
+
 }  // namespace
 
 bool f32_gemm_available() { return has_avx512_core(); }
+
+void f32_narrow_rows(const float* src, int64_t rows, int64_t cols, bool bf16, uint16_t* dst,
+                     int64_t ld) {
+  f32_narrow_rows_avx512(src, rows, cols, bf16, dst, ld);
+}
 
 void f32_widen_rows(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, bool bf16,
                     float* dst) {
@@ -310,6 +345,8 @@ void f32_gemm_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64
                      int64_t, int64_t, int64_t, float, float*, int64_t) {}
 
 void f32_widen_rows(const uint16_t*, int64_t, int64_t, int64_t, bool, float*) {}
+
+void f32_narrow_rows(const float*, int64_t, int64_t, bool, uint16_t*, int64_t) {}
 
 #endif
 

@@ -45,4 +45,10 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
 void f32_widen_rows(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, bool bf16,
                     float* dst);
 
+// The reverse: dst[r·ld + c] = src[r·cols + c] rounded to float16 (bfloat16 when `bf16`),
+// nearest with ties to even, NaN kept, as torch's conversion does. Only where
+// f32_gemm_available().
+void f32_narrow_rows(const float* src, int64_t rows, int64_t cols, bool bf16, uint16_t* dst,
+                     int64_t ld);
+
 }  // namespace attnlab::cpu

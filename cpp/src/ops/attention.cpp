@@ -49,17 +49,18 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const 
     // first (torch's copy kernel) took 18 % of a (8, 8, 512, 64) forward on an AMX Xeon.
     const auto options = query.options().dtype(at::kFloat);
     const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
-    Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
+    // The output in the inputs' dtype, rounded by the kernel block by block.
+    Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), query.options());
     Tensor lse = at::empty(with_tail(batch, {len_q}), options);
     Tensor weights = need_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
                                   : at::empty({0}, options);
     PreparedProblem<float> prepared(query, key, value, attn_mask, is_causal, scale, batch,
                                     /*narrow_inputs=*/true);
     prepared.problem.bf16_operands = bf16_products(query);
-    cpu::attention_forward<float>(prepared.problem, output.data_ptr<float>(),
-                                  lse.data_ptr<float>(),
-                                  need_weights ? weights.data_ptr<float>() : nullptr);
-    return {output.to(query.scalar_type()), lse, weights.to(query.scalar_type())};
+    cpu::attention_forward<float>(prepared.problem, nullptr, lse.data_ptr<float>(),
+                                  need_weights ? weights.data_ptr<float>() : nullptr,
+                                  static_cast<uint16_t*>(output.data_ptr()));
+    return {output, lse, weights.to(query.scalar_type())};
   }
   if (reduced_precision(query)) {
     // float16 and bfloat16 run through the float32 kernel: the inputs are widened once, every

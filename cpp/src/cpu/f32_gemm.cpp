@@ -291,17 +291,21 @@ ATTNLAB_F32 void f32_narrow_rows_avx512(const float* src, int64_t rows, int64_t 
     for (int64_t c = 0; c < cols; c += kL) {
       const __mmask16 lanes = first_lanes(cols - c);
       const __m512 x = _mm512_maskz_loadu_ps(lanes, s + c);
+      // (masked forms throughout, as in f32_widen_rows_avx512: GCC 12's unmasked ones start
+      // from an uninitialized vector and warn)
       __m256i half;
       if (bf16) {
         const __m512i bits = _mm512_castps_si512(x);
-        const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), one);
-        __m512i rounded =
-            _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(bias, lsb)), 16);
-        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const __m512i lsb =
+            _mm512_maskz_and_epi32(lanes, _mm512_maskz_srli_epi32(lanes, bits, 16), one);
+        __m512i rounded = _mm512_maskz_srli_epi32(
+            lanes,
+            _mm512_maskz_add_epi32(lanes, bits, _mm512_maskz_add_epi32(lanes, bias, lsb)), 16);
+        const __mmask16 nan = _mm512_mask_cmp_ps_mask(lanes, x, x, _CMP_UNORD_Q);
         rounded = _mm512_mask_mov_epi32(rounded, nan, quiet_nan);
-        half = _mm512_cvtepi32_epi16(rounded);
+        half = _mm512_maskz_cvtepi32_epi16(lanes, rounded);
       } else {
-        half = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        half = _mm512_maskz_cvtps_ph(lanes, x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
       }
       _mm256_mask_storeu_epi16(d + c, lanes, half);
     }

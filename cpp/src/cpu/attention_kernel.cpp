@@ -93,25 +93,24 @@ class HeadPacker {
       const float* v = p.value.row(b, 0);
       if (id_k == nullptr) id_k = k;
       if (id_v == nullptr) id_v = v;
-      if (p.bf16_operands) {
-        const int64_t ld_k = bf16_packed_ld(p.len_k), ld_v = bf16_packed_ld(p.dim_v);
-        if (id_k != key_ || id_v != value_) {
+      if (id_k != key_ || id_v != value_) {  // (one format per problem: bf16_operands)
+        if (p.bf16_operands) {
           keys16_.resize(bf16_packed_pairs(p.dim_qk, p.len_k));
           values16_.resize(bf16_packed_pairs(p.len_k, p.dim_v));
           bf16_pack_b(true, p.dim_qk, p.len_k, k, p.key.row_stride, keys16_.data());
           bf16_pack_b(false, p.len_k, p.dim_v, v, p.value.row_stride, values16_.data());
-          key_ = id_k;
-          value_ = id_v;
+        } else {
+          keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
+          values_.resize(f32_packed_size(p.dim_v, p.len_k));
+          f32_pack_b(true, p.len_k, p.dim_qk, k, p.key.row_stride, keys_.data());
+          f32_pack_b(false, p.dim_v, p.len_k, v, p.value.row_stride, values_.data());
         }
-        return {nullptr, nullptr, keys16_.data(), values16_.data(), ld_k, ld_v};
-      }
-      if (id_k != key_ || id_v != value_) {
-        keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
-        values_.resize(f32_packed_size(p.dim_v, p.len_k));
-        f32_pack_b(true, p.len_k, p.dim_qk, k, p.key.row_stride, keys_.data());
-        f32_pack_b(false, p.dim_v, p.len_k, v, p.value.row_stride, values_.data());
         key_ = id_k;
         value_ = id_v;
+      }
+      if (p.bf16_operands) {
+        return {nullptr, nullptr, keys16_.data(), values16_.data(), bf16_packed_ld(p.len_k),
+                bf16_packed_ld(p.dim_v)};
       }
       return {keys_.data(), values_.data()};
     } else {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include "gemm_contract.h"
@@ -268,6 +269,149 @@ TEST(BF16Gemm, PrepackedSubBlocksMatchRoundedFloat64) {
         const double bound = 2e-7 * static_cast<double>(t.k + 2) *
                                  (std::fabs(t.alpha) * magnitude + std::fabs(old[i * t.n + j])) +
                              1e-30;
+        if (!(std::fabs(got - expected) <= bound)) {
+          if (wrong < 3) ADD_FAILURE() << "at (" << i << ", " << j << "): " << got << " vs " << expected;
+          ++wrong;
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
+namespace {
+
+uint16_t bf16_bits(double rounded) {  // the bits of a value already rounded by to_bf16
+  const float f = static_cast<float>(rounded);
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+double from_bits(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+}  // namespace
+
+// bf16_pack_b16 (bfloat16 rows packed as they are) lays out the same words as bf16_pack_b of
+// the same values in float32, for K (transposed) and V, odd k and n included.
+TEST(BF16Gemm, PackFromBfloat16MatchesPackFromFloat) {
+  using attnlab::cpu::bf16_pack_b;
+  using attnlab::cpu::bf16_pack_b16;
+  using attnlab::cpu::bf16_packed_pairs;
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal;
+  for (const bool trans_b : {false, true}) {
+    for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 512}, {33, 70}, {301, 48}, {1, 5}}) {
+      SCOPED_TRACE("trans_b " + std::to_string(trans_b) + ", k " + std::to_string(k) + ", n " +
+                   std::to_string(n));
+      const int64_t rows = trans_b ? n : k, cols = trans_b ? k : n, ld = cols + 3;
+      std::vector<float> wide(rows * ld);
+      std::vector<uint16_t> bits(rows * ld);
+      for (int64_t i = 0; i < rows * ld; ++i) {
+        const double x = to_bf16(normal(rng));
+        wide[i] = static_cast<float>(x);
+        bits[i] = bf16_bits(x);
+      }
+      std::vector<uint32_t> from_float(bf16_packed_pairs(k, n), 7u), from_bits(from_float);
+      bf16_pack_b(trans_b, k, n, wide.data(), ld, from_float.data());
+      bf16_pack_b16(trans_b, k, n, bits.data(), ld, from_bits.data());
+      int wrong = 0;
+      for (size_t i = 0; i < from_float.size(); ++i) wrong += from_float[i] != from_bits[i];
+      EXPECT_EQ(wrong, 0);
+    }
+  }
+}
+
+// bf16_pack_rows16 with a power-of-two alpha: each value times alpha, exactly; an odd k's last
+// pair padded with 0; other alphas refused.
+TEST(BF16Gemm, PackRows16ScalesByPowersOfTwoExactly) {
+  SKIP_WITHOUT_BF16();
+  std::mt19937 rng(22);
+  std::normal_distribution<float> normal;
+  const int64_t m = 5, k = 37, lda = 40, ldo = 38;
+  std::vector<uint16_t> a(m * lda);
+  for (auto& h : a) h = bf16_bits(to_bf16(normal(rng)));
+  std::vector<uint16_t> out(m * ldo, 0xFFFF);
+  attnlab::cpu::bf16_pack_rows16(m, k, 0.125f, a.data(), lda, out.data(), ldo);
+  int wrong = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t c = 0; c < k; ++c) wrong += from_bits(out[i * ldo + c]) != 0.125 * from_bits(a[i * lda + c]);
+    wrong += out[i * ldo + k] != 0;  // the padding of the odd k
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_THROW(attnlab::cpu::bf16_pack_rows16(m, k, 0.3f, a.data(), lda, out.data(), ldo),
+               c10::Error);
+}
+
+// bf16_gemm_prepacked16 on bfloat16 A rows: every k, odd ones inside the packed B too, where
+// the pair's other row holds inf and NaN that must not reach C (its term is added on its own),
+// alpha applied after, accumulation; against float64.
+TEST(BF16Gemm, Prepacked16AnyKLeavesTheNextRowUnread) {
+  using attnlab::cpu::bf16_gemm_prepacked16;
+  using attnlab::cpu::bf16_pack_b;
+  using attnlab::cpu::bf16_packed_ld;
+  using attnlab::cpu::bf16_packed_pairs;
+  if (!attnlab::cpu::bf16_prepacked_route()) {
+    GTEST_SKIP() << "this CPU does not take the brgemm route (" << bf16_products() << ")";
+  }
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  const int64_t full_k = 64, n = 48, ldb = n, ldo = bf16_packed_ld(n);
+  std::vector<float> b(full_k * ldb);
+  for (float& x : b) x = static_cast<float>(to_bf16(normal(rng)));
+  struct Sub {
+    int64_t m, k0, k;
+    float alpha;
+    bool accumulate;
+  };
+  const Sub subs[] = {{16, 0, 1, 1.0f, false}, {16, 2, 17, 1.0f, true}, {7, 10, 31, 0.3f, false},
+                      {64, 0, 64, 1.0f, false}, {3, 40, 24, 1.0f, true}, {9, 4, 1, 1.0f, true}};
+  for (const Sub& t : subs) {
+    SCOPED_TRACE("m " + std::to_string(t.m) + ", k0 " + std::to_string(t.k0) + ", k " +
+                 std::to_string(t.k) + ", alpha " + std::to_string(t.alpha));
+    std::vector<float> poisoned = b;
+    if (t.k0 + t.k < full_k) {  // the row after the product's last: never to be multiplied
+      for (int64_t j = 0; j < n; ++j) poisoned[(t.k0 + t.k) * ldb + j] = j % 2 ? kNaN : INFINITY;
+    }
+    std::vector<uint32_t> packed(bf16_packed_pairs(full_k, n));
+    bf16_pack_b(false, full_k, n, poisoned.data(), ldb, packed.data());
+    const int64_t lda = t.k + 5, ldc = n + 2;
+    std::vector<uint16_t> a(t.m * lda);
+    for (auto& h : a) h = bf16_bits(to_bf16(normal(rng)));
+    std::vector<float> c(t.m * ldc, kSentinel);
+    std::vector<double> old(t.m * n, 0.0);
+    for (int64_t i = 0; i < t.m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        c[i * ldc + j] = t.accumulate ? normal(rng) : kNaN;
+        old[i * n + j] = t.accumulate ? c[i * ldc + j] : 0.0;
+      }
+    }
+    bf16_gemm_prepacked16(t.m, n, t.k, t.alpha, a.data(), lda, packed.data(), ldo, t.k0, 0,
+                          t.accumulate, c.data(), ldc);
+    int wrong = 0;
+    for (int64_t i = 0; i < t.m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const float got = c[i * ldc + j];
+        if (j >= n) {
+          wrong += got != kSentinel;
+          continue;
+        }
+        double sum = 0.0, magnitude = 0.0;
+        for (int64_t p = 0; p < t.k; ++p) {
+          const double x = from_bits(a[i * lda + p]) * b[(t.k0 + p) * ldb + j];
+          sum += x;
+          magnitude += std::fabs(x);
+        }
+        const double expected = t.alpha * sum + old[i * n + j];
+        const double bound =
+            2e-7 * static_cast<double>(t.k + 2) *
+                (std::fabs(t.alpha) * magnitude + std::fabs(old[i * n + j])) + 1e-30;
         if (!(std::fabs(got - expected) <= bound)) {
           if (wrong < 3) ADD_FAILURE() << "at (" << i << ", " << j << "): " << got << " vs " << expected;
           ++wrong;

@@ -1,11 +1,15 @@
 // The branch-free float exp and log of the CPU kernels against the C library in double, and the
 // softmax rows' exp (its AVX-512 form where the CPU has it) likewise.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 #include <limits>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "cpu/bf16_gemm.h"
 #include "cpu/softmax_rows.h"
 #include "cpu/vec_math.h"
 
@@ -125,6 +129,62 @@ TEST(VecMath, OnlineSoftmaxTwoBlocksMatchDoubleAndKeepNaN) {
       EXPECT_EQ(row_max, static_cast<float>(exact_max)) << cols;
       EXPECT_NEAR(row_sum, exact_sum, 1e-6 * exact_sum) << cols;
       EXPECT_NEAR(correction, std::exp(static_cast<double>(first_max) - row_max), 1e-6) << cols;
+    }
+  }
+}
+
+// online_softmax_block_bf16 (P in bfloat16 for the products): per row the max, the sum of the
+// unrounded exp(s − max) within 1e-5 of double, P within bfloat16's rounding of the exact value
+// (2^-8, plus the exp's own 1e-5), columns the causal mask hides 0 up to cols,
+// a row that sees nothing all 0, a NaN row NaN.
+TEST(VecMath, OnlineSoftmaxBf16WritesRoundedProbabilities) {
+  if (!attnlab::cpu::bf16_gemm_available()) GTEST_SKIP() << "this CPU lacks AVX512-BF16";
+  constexpr int64_t kLd = 48, kRows = 5;
+  for (int64_t cols = 1; cols <= 40; ++cols) {
+    std::vector<float> s(kRows * kLd, 55.0f);
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        s[r * kLd + c] = std::sin(0.37f * static_cast<float>(c + 7 * r)) * (2.0f + r) + 20.0f;
+      }
+    }
+    if (cols > 3) s[4 * kLd + 2] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> scores = s;
+    std::vector<float> row_max(kRows, -std::numeric_limits<float>::infinity());
+    std::vector<float> row_sum(kRows, 0.0f), correction(kRows, -1.0f);
+    std::vector<uint16_t> p16(kRows * kLd, 0xABCD);
+    // causal-style visibility: row r sees its first r + cols − 3 columns (row 0 with cols < 3:
+    // none)
+    attnlab::cpu::online_softmax_block_bf16(s.data(), kRows, cols, kLd, nullptr, 0, cols - 3,
+                                            row_max.data(), row_sum.data(), correction.data(),
+                                            p16.data(), kLd);
+    for (int64_t r = 0; r < kRows; ++r) {
+      SCOPED_TRACE("cols " + std::to_string(cols) + ", row " + std::to_string(r));
+      const int64_t visible = std::clamp<int64_t>(cols - 3 + r, 0, cols);
+      const auto p = [&](int64_t c) {
+        const uint32_t bits = static_cast<uint32_t>(p16[r * kLd + c]) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof(f));
+        return f;
+      };
+      if (r == 4 && cols > 3 && visible > 2) {  // the NaN is visible: the row is NaN
+        EXPECT_TRUE(std::isnan(row_sum[r]));
+        continue;
+      }
+      double exact_max = -std::numeric_limits<double>::infinity(), exact_sum = 0.0;
+      for (int64_t c = 0; c < visible; ++c) exact_max = std::max<double>(exact_max, scores[r * kLd + c]);
+      for (int64_t c = 0; c < visible; ++c) exact_sum += std::exp(scores[r * kLd + c] - exact_max);
+      if (visible == 0) {
+        EXPECT_EQ(row_sum[r], 0.0f);
+        for (int64_t c = 0; c < cols; ++c) EXPECT_EQ(p(c), 0.0f) << c;
+        continue;
+      }
+      EXPECT_EQ(row_max[r], static_cast<float>(exact_max));
+      EXPECT_NEAR(row_sum[r], exact_sum, 1e-5 * exact_sum);
+      for (int64_t c = 0; c < visible; ++c) {
+        const double exact = std::exp(scores[r * kLd + c] - exact_max);
+        EXPECT_NEAR(p(c), exact, (1.0 / 256 + 1e-5) * exact) << c;
+      }
+      for (int64_t c = visible; c < cols; ++c) EXPECT_EQ(p(c), 0.0f) << c;
     }
   }
 }

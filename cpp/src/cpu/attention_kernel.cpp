@@ -76,6 +76,12 @@ struct PackedHead {
   const uint32_t* key16 = nullptr;
   const uint32_t* value16 = nullptr;
   int64_t ld_key16 = 0, ld_value16 = 0;
+  // And for bfloat16 inputs read as they are (reads_bf16), the query block's rows in bfloat16
+  // from row query16_row0 on, ld_query16 apart, times the scale where that is a power of two;
+  // query16_alpha is what the scores are still to be multiplied by (1 or the scale).
+  const uint16_t* query16 = nullptr;
+  int64_t ld_query16 = 0, query16_row0 = 0;
+  float query16_alpha = 1.0f;
 };
 
 // Per thread: the packed K and V of the batch entry whose query blocks it is running, packed
@@ -118,11 +124,39 @@ class HeadPacker {
     }
   }
 
+  // For reads_bf16: K and V packed from the bfloat16 inputs themselves, and the rows
+  // [i0, i0 + rows) of Q copied (scaled) for the block's products.
+  PackedHead get_bf16(const AttentionProblem<float>& p, int64_t b, int64_t i0, int64_t rows) {
+    const uint16_t* k = p.key16.row(b, 0);
+    const uint16_t* v = p.value16.row(b, 0);
+    if (k != key_ || v != value_) {
+      keys16_.resize(bf16_packed_pairs(p.dim_qk, p.len_k));
+      values16_.resize(bf16_packed_pairs(p.len_k, p.dim_v));
+      bf16_pack_b16(true, p.dim_qk, p.len_k, k, p.key16.row_stride, keys16_.data());
+      bf16_pack_b16(false, p.len_k, p.dim_v, v, p.value16.row_stride, values16_.data());
+      key_ = k;
+      value_ = v;
+    }
+    const bool exact = bf16_exact_scale(p.scale);
+    const int64_t ld = (p.dim_qk + 1) / 2 * 2;
+    if (static_cast<int64_t>(query16_.size()) < rows * ld) query16_.resize(rows * ld);
+    bf16_pack_rows16(rows, p.dim_qk, exact ? p.scale : 1.0f, p.query16.row(b, i0),
+                     p.query16.row_stride, query16_.data(), ld);
+    PackedHead packed{nullptr, nullptr, keys16_.data(), values16_.data(),
+                      bf16_packed_ld(p.len_k), bf16_packed_ld(p.dim_v)};
+    packed.query16 = query16_.data();
+    packed.ld_query16 = ld;
+    packed.query16_row0 = i0;
+    packed.query16_alpha = exact ? 1.0f : p.scale;
+    return packed;
+  }
+
  private:
   const void* key_ = nullptr;
   const void* value_ = nullptr;
   std::vector<float> keys_, values_;
   std::vector<uint32_t> keys16_, values16_;
+  std::vector<uint16_t> query16_;
 };
 
 // Per thread, for AttentionProblem::narrow: the problem with the float16/bfloat16 Q, K and V of
@@ -183,12 +217,55 @@ bool pack_heads_bf16(const AttentionProblem<T>& p) {
   return std::is_same_v<T, float> && p.bf16_operands && bf16_prepacked_route();
 }
 
+// Whether the forward (without weights) reads bfloat16 inputs as they are: Q, K and V go
+// into the products' layouts straight from their bfloat16 rows (HeadPacker::get_bf16) and the
+// softmax writes P in bfloat16 (online_softmax_block_bf16), where widening the three to
+// float32, then rounding them and P back took 11 % and 10 % of a (8, 8, 512, 64) bfloat16
+// forward on an AMX Xeon (perf, one thread).
+template <typename T>
+bool reads_bf16(const AttentionProblem<T>& p, const T* weights) {
+  return weights == nullptr && p.narrow == AttentionProblem<T>::Narrow::bfloat16 &&
+         pack_heads_bf16(p);
+}
+
+// Asks for rows [r0, r0 + rows) of batch entry b of x (cols values each) to be read into cache.
+void prefetch_rows(const BatchedRows<uint16_t>& x, int64_t b, int64_t r0, int64_t rows,
+                   int64_t cols) {
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    const char* row = reinterpret_cast<const char*>(x.row(b, r));
+    for (int64_t byte = 0; byte < cols * 2; byte += 64) __builtin_prefetch(row + byte, 0, 2);
+  }
+}
+
+// For reads_bf16, while task `task` runs (of the thread's tasks up to `end`): the next task's
+// query rows, and this task's share (1/q_blocks) of the next batch entry's keys and values,
+// asked for ahead. They come from memory (one core of the AMX Xeon reads about 20 GB/s beyond
+// its L2), and packing them had waited on each line: 12 % of a (8, 8, 512, 64) forward.
+void prefetch_ahead(const AttentionProblem<float>& p, int64_t task, int64_t end,
+                    int64_t q_blocks, int64_t block_q) {
+  if (task + 1 >= end) return;
+  const int64_t next_b = (task + 1) / q_blocks, next_i0 = ((task + 1) % q_blocks) * block_q;
+  prefetch_rows(p.query16, next_b, next_i0, std::min(block_q, p.len_q - next_i0), p.dim_qk);
+  const int64_t b = task / q_blocks, part = task % q_blocks;
+  if (b + 1 >= p.batch || (b + 1) * q_blocks >= end) return;
+  const int64_t r0 = part * p.len_k / q_blocks, r1 = (part + 1) * p.len_k / q_blocks;
+  prefetch_rows(p.key16, b + 1, r0, r1 - r0, p.dim_qk);
+  prefetch_rows(p.value16, b + 1, r0, r1 - r0, p.dim_v);
+}
+
 // ld-strided scores [rows, cols] = scale·Q[i0 : i0 + rows]·K[j0 : j0 + cols]ᵀ (j0 a multiple of
 // the packed panel width when packed).
 template <typename T>
 void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b, int64_t i0,
                  int64_t rows, int64_t j0, int64_t cols, T* scores, int64_t ld) {
   if constexpr (std::is_same_v<T, float>) {
+    if (packed.query16) {
+      bf16_gemm_prepacked16(rows, cols, p.dim_qk, packed.query16_alpha,
+                            packed.query16 + (i0 - packed.query16_row0) * packed.ld_query16,
+                            packed.ld_query16, packed.key16, packed.ld_key16, 0, j0, false,
+                            scores, ld);
+      return;
+    }
     if (packed.key16) {
       bf16_gemm_prepacked(rows, cols, p.dim_qk, p.scale, p.query.row(b, i0), p.query.row_stride,
                           packed.key16, packed.ld_key16, 0, j0, false, scores, ld);
@@ -211,10 +288,7 @@ void values_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t
                  int64_t rows, int64_t j0, int64_t cols, const T* probs, int64_t ldp, T beta,
                  T* out) {
   if constexpr (std::is_same_v<T, float>) {
-    // An odd number of keys ending before the last pairs the probabilities' zero padding with
-    // the next key's values (bf16_gemm_prepacked): those products are packed per call instead.
-    if (packed.value16 && (beta == 0.0f || beta == 1.0f) && j0 % 2 == 0 &&
-        (cols % 2 == 0 || j0 + cols == p.len_k)) {
+    if (packed.value16 && (beta == 0.0f || beta == 1.0f) && j0 % 2 == 0) {
       bf16_gemm_prepacked(rows, p.dim_v, cols, 1.0f, probs, ldp, packed.value16,
                           packed.ld_value16, j0, 0, beta == 1.0f, out, p.dim_v);
       return;
@@ -334,10 +408,12 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   if (!unnormalized_pv && kv_end > 0) values_products();
 }
 
+// probs16: null, or for reads_bf16 a buffer like scores in which the softmax leaves P in
+// bfloat16 for P·V.
 template <typename T>
 void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
                     int64_t i0, int64_t rows, T* out, T* lse, T* row_max, T* row_sum,
-                    T* correction, T* scores) {
+                    T* correction, T* scores, uint16_t* probs16) {
   // The output rows accumulate P·V; earlier blocks are rescaled when the row max grows.
   const int64_t kv_end = key_end(p, i0, rows);
   if (kv_end == 0) std::fill(out, out + rows * p.dim_v, T(0));
@@ -357,6 +433,19 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
       T* s = scores + r0 * kForwardKeyBlock;
       T* o = out + r0 * p.dim_v;
       scores_gemm(p, packed, b, i0 + r0, g, j0, g_cols, s, kForwardKeyBlock);
+      if constexpr (std::is_same_v<T, float>) {
+        if (probs16 != nullptr) {
+          uint16_t* p16 = probs16 + r0 * kForwardKeyBlock;
+          online_softmax_block_bf16(s, g, g_cols, kForwardKeyBlock,
+                                    mask_block(p, b, i0 + r0, j0), p.mask.row_stride,
+                                    visible_base(p, i0 + r0, j0), row_max + r0, row_sum + r0,
+                                    correction + r0, p16, kForwardKeyBlock);
+          if (j0 > 0) scale_rows(o, g, p.dim_v, p.dim_v, correction + r0);
+          bf16_gemm_prepacked16(g, p.dim_v, g_cols, 1.0f, p16, kForwardKeyBlock, packed.value16,
+                                packed.ld_value16, j0, 0, j0 > 0, o, p.dim_v);
+          continue;
+        }
+      }
       online_softmax_block(s, g, g_cols, kForwardKeyBlock, mask_block(p, b, i0 + r0, j0),
                            p.mask.row_stride, visible_base(p, i0 + r0, j0), row_max + r0,
                            row_sum + r0, correction + r0);
@@ -411,6 +500,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
         weights && weights_through_buffer<T>(block_q, p.len_k) ? block_q * p.len_k : 0);
     HeadPacker packer;
     const bool packing = pack_heads(p) || pack_heads_bf16(p);
+    const bool bf16_inputs = reads_bf16(p, weights);
+    std::vector<uint16_t> probs16(bf16_inputs ? block_q * kForwardKeyBlock : 0);
     HeadWidener widener;
     // With output16 each block's rows are made here and rounded into it (instead of a float32
     // output that torch's copy rounded afterwards: 7 % of a bfloat16 (8, 8, 512, 64) forward).
@@ -419,8 +510,12 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
       const AttentionProblem<T>* head = &p;
       PackedHead packed{};
+      const int64_t rows = std::min(block_q, p.len_q - i0);
       if constexpr (std::is_same_v<T, float>) {
-        if (p.narrow != AttentionProblem<T>::Narrow::none) {
+        if (bf16_inputs) {
+          packed = packer.get_bf16(p, b, i0, rows);
+          prefetch_ahead(p, task, end, q_blocks, block_q);
+        } else if (p.narrow != AttentionProblem<T>::Narrow::none) {
           head = &widener.get(p, b);
           packed = packer.get(*head, b, widener.key_id(), widener.value_id());
         } else if (packing) {
@@ -429,7 +524,6 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       } else if (packing) {
         packed = packer.get(p, b);
       }
-      const int64_t rows = std::min(block_q, p.len_q - i0);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       T* out = output16 != nullptr ? out_rows.data() : output + (b * p.len_q + i0) * p.dim_v;
@@ -440,7 +534,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
                              weights_block.empty() ? nullptr : weights_block.data());
       } else {
         forward_online(*head, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
-                       correction.data(), scores.data());
+                       correction.data(), scores.data(),
+                       probs16.empty() ? nullptr : probs16.data());
       }
       if constexpr (std::is_same_v<T, float>) {
         if (output16 != nullptr) {

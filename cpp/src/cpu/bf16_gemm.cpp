@@ -148,6 +148,98 @@ ATTNLAB_BF16 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t widt
   }
 }
 
+// The first n of 32 lanes (n clamped to [0, 32]).
+ATTNLAB_BF16_INLINE __mmask32 first_lanes32(int64_t n) {
+  return n >= 32 ? __mmask32(0xFFFFFFFFu) : n <= 0 ? __mmask32(0) : __mmask32((1u << n) - 1);
+}
+
+// 16 bfloat16 values (bits) widened to float32: exact.
+ATTNLAB_BF16_INLINE __m512 widen16(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+// The bfloat16 counterparts of the packers above, for inputs already in bfloat16 (bits), so
+// that nothing is rounded: rows of k values at stride ldx.
+// pack_rows: out row i (ldo >= k rounded up to even) = alpha·x row i, alpha 1 or a power of two
+// (exact but for overflow and subnormal results), an odd k's last pair padded with 0.
+ATTNLAB_BF16 void pack_rows16(const uint16_t* x, int64_t ldx, int64_t k, int64_t width,
+                              float alpha, uint16_t* out, int64_t ldo) {
+  const __m512 scale = _mm512_set1_ps(alpha);
+  const int64_t k2 = round_up(k, 2);
+  for (int64_t i = 0; i < width; ++i) {
+    for (int64_t c0 = 0; c0 < k2; c0 += 32) {
+      __m512i v = _mm512_maskz_loadu_epi16(first_lanes32(k - c0), x + i * ldx + c0);
+      if (alpha != 1.0f) {
+        const __m512 lo = _mm512_mul_ps(scale, widen16(_mm512_castsi512_si256(v)));
+        const __m512 hi = _mm512_mul_ps(scale, widen16(_mm512_extracti64x4_epi64(v, 1)));
+        v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+      }
+      _mm512_mask_storeu_epi16(out + i * ldo + c0, first_lanes32(k2 - c0), v);
+    }
+  }
+}
+
+// pack_transposed_pairs: a row's pairs are its 32-bit words already, so 16×16 transposes of
+// words lay them out.
+ATTNLAB_BF16 void pack_transposed_pairs16(const uint16_t* x, int64_t ldx, int64_t k,
+                                          int64_t width, Pair* out, int64_t ldo) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t j0 = 0; j0 < ldo; j0 += kLanes16) {
+    for (int64_t p0 = 0; p0 < pairs; p0 += kLanes16) {
+      Vec<float> r[16];
+      const __mmask32 lanes = first_lanes32(k - 2 * p0);
+      for (int64_t i = 0; i < 16; ++i) {
+        r[i] = j0 + i < width
+                   ? (Vec<float>)_mm512_maskz_loadu_epi16(lanes, x + (j0 + i) * ldx + 2 * p0)
+                   : Vec<float>{};
+      }
+      transpose_block<float>(r);
+      const int64_t rows = std::min(kLanes16, pairs - p0);
+      for (int64_t q = 0; q < rows; ++q) {
+        _mm512_storeu_si512(out + (p0 + q) * ldo + j0, (__m512i)r[q]);
+      }
+    }
+  }
+}
+
+// pack_row_pairs: rows 2p and 2p + 1 interleaved word by word.
+ATTNLAB_BF16 void pack_row_pairs16(const uint16_t* x, int64_t ldx, int64_t k, int64_t width,
+                                   Pair* out, int64_t ldo) {
+  const __m512i interleave = interleave_index();
+  for (int64_t p = 0; 2 * p < k; ++p) {
+    const uint16_t* x0 = x + 2 * p * ldx;
+    const uint16_t* x1 = 2 * p + 1 < k ? x0 + ldx : nullptr;
+    Pair* o = out + p * ldo;
+    for (int64_t j0 = 0; j0 < ldo; j0 += kLanes16) {
+      const __mmask16 lanes = first_lanes(width - j0);
+      const __m256i v0 = _mm256_maskz_loadu_epi16(lanes, x0 + j0);
+      const __m256i v1 = x1 ? _mm256_maskz_loadu_epi16(lanes, x1 + j0) : _mm256_setzero_si256();
+      const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(v0), v1, 1);
+      _mm512_storeu_si512(o + j0, _mm512_permutexvar_epi16(interleave, both));
+    }
+  }
+}
+
+// C[m×n] (+)= a[:, 0]·b_low[0, :]: the rank-one term of an odd k's last column, with b_low the
+// packed pairs holding that row of op(B) in their low halves. The products are exact in float.
+ATTNLAB_BF16 void add_last_column(int64_t m, int64_t n, const uint16_t* a, int64_t lda,
+                                  const Pair* b_low, bool accumulate, float* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(a[i * lda]) << 16;
+    float ai;
+    std::memcpy(&ai, &bits, sizeof(ai));
+    const __m512 va = _mm512_set1_ps(ai);
+    float* ci = c + i * ldc;
+    for (int64_t j = 0; j < n; j += kLanes16) {
+      const __mmask16 lanes = first_lanes(n - j);
+      const __m512 vb =
+          _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_maskz_loadu_epi32(lanes, b_low + j), 16));
+      const __m512 prev = accumulate ? _mm512_maskz_loadu_ps(lanes, ci + j) : _mm512_setzero_ps();
+      _mm512_mask_storeu_ps(ci + j, lanes, _mm512_fmadd_ps(va, vb, prev));
+    }
+  }
+}
+
 // One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
 // `last`). Pair p of row r of op(A) is a[r·a_row + p·a_pair]; b holds the block's columns,
 // pair p at b + p·ldb.
@@ -476,37 +568,68 @@ void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb
   }
 }
 
+void bf16_pack_b16(bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb,
+                   uint32_t* packed) {
+  if (trans_b) {
+    pack_transposed_pairs16(b, ldb, k, n, packed, bf16_packed_ld(n));
+  } else {
+    pack_row_pairs16(b, ldb, k, n, packed, bf16_packed_ld(n));
+  }
+}
+
+void bf16_pack_rows16(int64_t m, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                      uint16_t* out, int64_t ldo) {
+  TORCH_CHECK(alpha == 1.0f || bf16_exact_scale(alpha),
+              "bf16_pack_rows16: alpha must be a power of two, got ", alpha);
+  TORCH_CHECK(ldo >= round_up(k, 2), "bf16_pack_rows16: ldo ", ldo, " < k rounded up to even");
+  pack_rows16(a, lda, k, m, alpha, out, ldo);
+}
+
+void bf16_gemm_prepacked16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+                           int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0,
+                           int64_t n0, bool accumulate, float* c, int64_t ldc) {
+  TORCH_CHECK(k0 % 2 == 0 && (alpha == 1.0f || !accumulate),
+              "bf16_gemm_prepacked16: k0 must be even and alpha 1 when accumulating");
+  if (m <= 0 || n <= 0) return;
+  const int64_t even = k / 2 * 2;
+  if (even > 0) {
+    const auto* b = reinterpret_cast<const c10::BFloat16*>(packed + (k0 / 2) * ldo + n0);
+    at::native::cpublas::brgemm(m, n, even, lda, ldo, ldc, accumulate,
+                                reinterpret_cast<const c10::BFloat16*>(a), b, c, true);
+    // The tiles stay configured for the next product (bf16_prepacked_release ends that).
+  } else if (!accumulate) {  // nothing for brgemm: C starts from 0
+    for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+  }
+  if (k % 2 != 0) {
+    // Row k0 + k − 1 of op(B) (even) is the low half of its pair: its term added on its own,
+    // so that the pair's other half (the next row, whatever it holds) is never multiplied.
+    add_last_column(m, n, a + (k - 1), lda, packed + ((k0 + k - 1) / 2) * ldo + n0,
+                    accumulate || even > 0, c, ldc);
+  }
+  if (alpha != 1.0f) scale_block(m, n, alpha, c, ldc);
+}
+
 void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0, int64_t n0,
                          bool accumulate, float* c, int64_t ldc) {
   TORCH_CHECK(k0 % 2 == 0 && (alpha == 1.0f || !accumulate),
               "bf16_gemm_prepacked: k0 must be even and alpha 1 when accumulating");
   if (m <= 0 || n <= 0) return;
-  if (k <= 0) {  // an empty sum: C unchanged when accumulating, else 0
-    if (!accumulate) {
-      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
-    }
-    return;
-  }
   thread_local std::vector<Pair> packed_a;
   const int64_t pairs = (k + 1) / 2;
   if (static_cast<int64_t>(packed_a.size()) < m * pairs) packed_a.resize(m * pairs);
   // A power-of-two alpha (the scale 1/√d at d = 4, 16, 64, 256, ...) goes into A exactly (but
   // for subnormal results); any other scales C after the product, which took 6 % of a
   // (8, 8, 512, 64) bfloat16 forward (perf, one thread, AMX Xeon).
-  int exponent = 0;
-  const bool exact_alpha = alpha != 1.0f && !accumulate && std::frexp(alpha, &exponent) == 0.5f;
+  const bool exact_alpha = alpha != 1.0f && !accumulate && bf16_exact_scale(alpha);
   if (exact_alpha) {
     pack_rows_scaled(a, lda, k, m, alpha, packed_a.data(), pairs);
   } else {
     pack_rows(a, lda, k, m, packed_a.data(), pairs);
   }
-  const auto* b = reinterpret_cast<const c10::BFloat16*>(packed + (k0 / 2) * ldo + n0);
-  at::native::cpublas::brgemm(m, n, 2 * pairs, 2 * pairs, ldo, ldc, accumulate,
-                              reinterpret_cast<const c10::BFloat16*>(packed_a.data()), b, c,
-                              true);
-  // The tiles stay configured for the next product (bf16_prepacked_release ends that).
-  if (alpha != 1.0f && !exact_alpha) scale_block(m, n, alpha, c, ldc);
+  bf16_gemm_prepacked16(m, n, k, exact_alpha ? 1.0f : alpha,
+                        reinterpret_cast<const uint16_t*>(packed_a.data()), 2 * pairs, packed,
+                        ldo, k0, n0, accumulate, c, ldc);
 }
 
 #else
@@ -532,11 +655,29 @@ void bf16_gemm_prepacked(int64_t, int64_t, int64_t, float, const float*, int64_t
   TORCH_CHECK(false, "bf16_gemm_prepacked: this build has no AVX512-BF16 kernels");
 }
 
+void bf16_pack_b16(bool, int64_t, int64_t, const uint16_t*, int64_t, uint32_t*) {
+  TORCH_CHECK(false, "bf16_pack_b16: this build has no AVX512-BF16 kernels");
+}
+
+void bf16_pack_rows16(int64_t, int64_t, float, const uint16_t*, int64_t, uint16_t*, int64_t) {
+  TORCH_CHECK(false, "bf16_pack_rows16: this build has no AVX512-BF16 kernels");
+}
+
+void bf16_gemm_prepacked16(int64_t, int64_t, int64_t, float, const uint16_t*, int64_t,
+                           const uint32_t*, int64_t, int64_t, int64_t, bool, float*, int64_t) {
+  TORCH_CHECK(false, "bf16_gemm_prepacked16: this build has no AVX512-BF16 kernels");
+}
+
 double bf16_product_speedup() { return 0.0; }
 
 bool bf16_products_pay() { return false; }
 
 #endif
+
+bool bf16_exact_scale(float alpha) {
+  int exponent = 0;
+  return std::frexp(alpha, &exponent) == 0.5f;
+}
 
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,

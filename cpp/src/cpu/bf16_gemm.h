@@ -58,12 +58,28 @@ void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb
                  uint32_t* packed);
 // C[m×n] = alpha·A·op(B)[k0 : k0 + k, n0 : n0 + n], plus C when accumulate (then alpha must be
 // 1); A row-major [m×k] float, rounded to bfloat16; `packed` made by bf16_pack_b with leading
-// dimension ldo; k0 even. An odd k pairs A's last column (padded with 0) with row k0 + k of
-// op(B): 0 times that row, NaN if it holds an inf or NaN, so callers take an odd k only where
-// that row is the packed zero padding.
+// dimension ldo; k0 even; any k (op(B)'s row k0 + k is not read).
 void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0, int64_t n0,
                          bool accumulate, float* c, int64_t ldc);
+// The same for operands already in bfloat16 (their bits; nothing is rounded), which the
+// forward takes from bfloat16 inputs without widening them to float32:
+// bf16_pack_b16 is bf16_pack_b of a bfloat16 B;
+void bf16_pack_b16(bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb,
+                   uint32_t* packed);
+// whether alpha is a power of two (then alpha·x rounds as x does, but for overflow and
+// subnormal results), which bf16_pack_rows16 takes into A;
+bool bf16_exact_scale(float alpha);
+// bf16_pack_rows16 copies A [m×k] (row stride lda) to out (row stride ldo >= k rounded up to
+// even) times alpha (1 or a power of two), an odd k's last column followed by a 0;
+void bf16_pack_rows16(int64_t m, int64_t k, float alpha, const uint16_t* a, int64_t lda,
+                      uint16_t* out, int64_t ldo);
+// bf16_gemm_prepacked16 is bf16_gemm_prepacked with A [m×k] in bfloat16 rows (lda apart), and
+// any k: an odd k's last term is added on its own (A's column k and op(B)'s row k0 + k are
+// never read).
+void bf16_gemm_prepacked16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
+                           int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0,
+                           int64_t n0, bool accumulate, float* c, int64_t ldc);
 // bf16_gemm_prepacked leaves the AMX tiles configured from one product to the next (releasing
 // and configuring them again for every product of a causal forward cost more than its products);
 // a thread calls this when its run of products is over.

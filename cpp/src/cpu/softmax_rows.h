@@ -26,6 +26,15 @@ void online_softmax_block(double* s, int64_t rows, int64_t cols, int64_t ld, con
                           int64_t mask_ld, int64_t visible_base, double* row_max,
                           double* row_sum, double* correction);
 
+// online_softmax_block (float) with the probabilities written to probs16 instead (rows ld16 >= ld
+// apart), rounded to bfloat16 (to nearest even; bits): columns a row may not see are 0 up to
+// cols, and s keeps its scores. The sums are of the unrounded values. Only on CPUs with
+// AVX512-BF16 (bf16_gemm_available()).
+void online_softmax_block_bf16(float* s, int64_t rows, int64_t cols, int64_t ld,
+                               const float* mask, int64_t mask_ld, int64_t visible_base,
+                               float* row_max, float* row_sum, float* correction,
+                               uint16_t* probs16, int64_t ld16);
+
 // Scores → probabilities exp(s + mask − lse), in place; invisible columns and rows with
 // lse = −inf (every key masked) become 0.
 void probs_from_lse(float* s, int64_t rows, int64_t cols, int64_t ld, const float* mask,

@@ -341,16 +341,6 @@ const T* mask_block(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t
   return p.mask.data ? p.mask.row(b, i0) + j0 : nullptr;
 }
 
-// Per row: inv_sum = 1 / sum (0 for a fully masked row, NaN stays NaN), lse = max + log(sum).
-template <typename T>
-void row_normalizers(int64_t rows, const T* row_max, const T* row_sum, T* inv_sum, T* lse) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const bool none = row_sum[r] == T(0);
-    inv_sum[r] = none ? T(0) : T(1) / row_sum[r];
-    lse[r] = none ? -std::numeric_limits<T>::infinity() : row_max[r] + log_positive(row_sum[r]);
-  }
-}
-
 // Per row: output /= sum, and row_normalizers.
 template <typename T>
 void finish_rows(T* x, int64_t rows, int64_t cols, int64_t ld, const T* row_max,

@@ -48,6 +48,13 @@ void softmax_grad_block(const float* p, int64_t ldp, float* dp, int64_t lddp, in
 void softmax_grad_block(const double* p, int64_t ldp, double* dp, int64_t lddp, int64_t rows,
                         int64_t cols, const double* delta);
 
+// Per row, after the online softmax: inv_sum = 1 / sum (0 for a row that saw nothing, whose
+// sum is 0; NaN stays NaN) and lse = max + log(sum) (−inf for such a row).
+void row_normalizers(int64_t rows, const float* row_max, const float* row_sum, float* inv_sum,
+                     float* lse);
+void row_normalizers(int64_t rows, const double* row_max, const double* row_sum,
+                     double* inv_sum, double* lse);
+
 // Multiplies each row r by factor[r].
 void scale_rows(float* x, int64_t rows, int64_t cols, int64_t ld, const float* factor);
 void scale_rows(double* x, int64_t rows, int64_t cols, int64_t ld, const double* factor);

@@ -233,47 +233,6 @@ bool reads_bf16(const AttentionProblem<T>& p, const T* weights) {
          pack_heads_bf16(p);
 }
 
-// Asks for rows [r0, r0 + rows) of batch entry b of x (cols values each) to be read into cache.
-template <typename E>
-void prefetch_rows(const BatchedRows<E>& x, int64_t b, int64_t r0, int64_t rows, int64_t cols) {
-  for (int64_t r = r0; r < r0 + rows; ++r) {
-    const char* row = reinterpret_cast<const char*>(x.row(b, r));
-    for (int64_t byte = 0; byte < cols * int64_t(sizeof(E)); byte += 64) {
-      __builtin_prefetch(row + byte, 0, 2);
-    }
-  }
-}
-
-template <typename T, typename E>
-void prefetch_inputs(const BatchedRows<E>& query, const BatchedRows<E>& key,
-                     const BatchedRows<E>& value, const AttentionProblem<T>& p, int64_t task,
-                     int64_t end, int64_t q_blocks, int64_t block_q) {
-  if (task + 1 >= end) return;
-  const int64_t next_b = (task + 1) / q_blocks, next_i0 = ((task + 1) % q_blocks) * block_q;
-  prefetch_rows(query, next_b, next_i0, std::min(block_q, p.len_q - next_i0), p.dim_qk);
-  const int64_t b = task / q_blocks, part = task % q_blocks;
-  if (b + 1 >= p.batch || (b + 1) * q_blocks >= end) return;
-  const int64_t r0 = part * p.len_k / q_blocks, r1 = (part + 1) * p.len_k / q_blocks;
-  prefetch_rows(key, b + 1, r0, r1 - r0, p.dim_qk);
-  prefetch_rows(value, b + 1, r0, r1 - r0, p.dim_v);
-}
-
-// While task `task` of the blocked forward runs (of the thread's tasks up to `end`): the next
-// task's query rows, and this task's share (1/q_blocks) of the next batch entry's keys and
-// values, asked for ahead (in the inputs' own type: the narrow rows where the kernel widens or
-// packs them itself). They come from memory (one core of the AMX Xeon reads about 20 GB/s
-// beyond its L2), and packing them had waited on each line: 12 % of a bfloat16
-// (8, 8, 512, 64) forward, 10 % of a float32 causal one.
-template <typename T>
-void prefetch_ahead(const AttentionProblem<T>& p, int64_t task, int64_t end, int64_t q_blocks,
-                    int64_t block_q) {
-  if (p.narrow != AttentionProblem<T>::Narrow::none) {
-    prefetch_inputs(p.query16, p.key16, p.value16, p, task, end, q_blocks, block_q);
-  } else {
-    prefetch_inputs(p.query, p.key, p.value, p, task, end, q_blocks, block_q);
-  }
-}
-
 // ld-strided scores [rows, cols] = scale·Q[i0 : i0 + rows]·K[j0 : j0 + cols]ᵀ (j0 a multiple of
 // the packed panel width when packed).
 template <typename T>
@@ -534,7 +493,6 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       } else if (packing) {
         packed = packer.get(p, b);
       }
-      prefetch_ahead(p, task, end, q_blocks, block_q);
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), T(0));
       T* out = output16 != nullptr ? out_rows.data() : output + (b * p.len_q + i0) * p.dim_v;

@@ -11,6 +11,7 @@
 #include "cpu/bf16_gemm.h"
 #include "cpu/blas.h"
 #include "cpu/f32_gemm.h"
+#include "cpu/isa.h"
 #include "cpu/small_attention.h"
 #include "cpu/softmax_rows.h"
 #include "cpu/vec_math.h"
@@ -159,9 +160,9 @@ class HeadPacker {
  private:
   const void* key_ = nullptr;
   const void* value_ = nullptr;
-  std::vector<float> keys_, values_;
-  std::vector<uint32_t> keys16_, values16_;
-  std::vector<uint16_t> query16_;
+  AlignedVector<float> keys_, values_;
+  AlignedVector<uint32_t> keys16_, values16_;
+  AlignedVector<uint16_t> query16_;
 };
 
 // Per thread, for AttentionProblem::narrow: the problem with the float16/bfloat16 Q, K and V of
@@ -191,7 +192,7 @@ class HeadWidener {
 
  private:
   static void widen(const BatchedRows<uint16_t>& x, int64_t b, int64_t rows, int64_t cols,
-                    bool bf16, std::vector<float>& out, const uint16_t*& current) {
+                    bool bf16, AlignedVector<float>& out, const uint16_t*& current) {
     const uint16_t* src = x.row(b, 0);
     if (src == current) return;
     f32_widen_rows(src, x.row_stride, rows, cols, bf16, out.data());
@@ -200,7 +201,7 @@ class HeadWidener {
 
   AttentionProblem<float> local_;
   std::vector<int64_t> zeros_;
-  std::vector<float> q_, k_, v_;
+  AlignedVector<float> q_, k_, v_;
   const uint16_t* query_ = nullptr;
   const uint16_t* key_ = nullptr;
   const uint16_t* value_ = nullptr;
@@ -465,17 +466,17 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
-    std::vector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
-    std::vector<T> weights_block(
+    AlignedVector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
+    AlignedVector<T> weights_block(
         weights && weights_through_buffer<T>(block_q, p.len_k) ? block_q * p.len_k : 0);
     HeadPacker packer;
     const bool packing = pack_heads(p) || pack_heads_bf16(p);
     const bool bf16_inputs = reads_bf16(p, weights);
-    std::vector<uint16_t> probs16(bf16_inputs ? block_q * kForwardKeyBlock : 0);
+    AlignedVector<uint16_t> probs16(bf16_inputs ? block_q * kForwardKeyBlock : 0);
     HeadWidener widener;
     // With output16 each block's rows are made here and rounded into it (instead of a float32
     // output that torch's copy rounded afterwards: 7 % of a bfloat16 (8, 8, 512, 64) forward).
-    std::vector<T> out_rows(output16 != nullptr ? block_q * p.dim_v : 0);
+    AlignedVector<T> out_rows(output16 != nullptr ? block_q * p.dim_v : 0);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
       const AttentionProblem<T>* head = &p;
@@ -576,13 +577,13 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
 
   at::parallel_for(0, p.batch * chunks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
-    std::vector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
-    std::vector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
+    AlignedVector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
+    AlignedVector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
     constexpr int64_t ld = kBackwardKeyBlock;
     // The key block's operands that every query block multiplies by (Kᵀ for S, Vᵀ for dP, K
     // for dQ), packed once per key block instead of once per product.
     const bool packing = pack_heads(p);
-    std::vector<float> keys_t, values_t, keys_n;
+    AlignedVector<float> keys_t, values_t, keys_n;
     if (packing) {
       keys_t.resize(f32_packed_size(kBackwardKeyBlock, E));
       values_t.resize(f32_packed_size(kBackwardKeyBlock, Ev));

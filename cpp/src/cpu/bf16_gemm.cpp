@@ -303,7 +303,7 @@ ATTNLAB_BF16_INLINE void column_block(int64_t m, int64_t pairs, const Pair* a, i
 // could only disable the route.
 void brgemm_panels(int64_t m, int64_t n, int64_t pairs, const Pair* pa, const Pair* pb,
                    float alpha, float beta, float* c, int64_t ldc) {
-  thread_local std::vector<float> tmp;
+  thread_local AlignedVector<float> tmp;
   const int64_t k2 = 2 * pairs;
   const auto* a = reinterpret_cast<const c10::BFloat16*>(pa);
   // brgemm adds A·B to C or overwrites it; other alpha and beta go through a panel of C.
@@ -367,7 +367,7 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
                                    int64_t ldb, float beta, float* c, int64_t ldc, bool brgemm) {
   const int64_t pairs = (k + 1) / 2;
   // Per-thread buffers, grown as needed: the attention kernels call this on every block.
-  thread_local std::vector<Pair> packed_a, packed_b;
+  thread_local AlignedVector<Pair> packed_a, packed_b;
   // op(B) in panels of kCols columns (the last one narrower), each panel's pairs contiguous so
   // that a register block streams through memory in order: panel j0 starts at j0·pairs.
   const int64_t ldpb = round_up(n, kLanes16);
@@ -398,7 +398,7 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
   if (brgemm && trans_a) {
     // oneDNN's brgemm takes A by rows: the pairs packed down op(A)'s columns above, turned
     // into rows of pairs by 16×16 transposes.
-    thread_local std::vector<Pair> rows_a;
+    thread_local AlignedVector<Pair> rows_a;
     if (static_cast<int64_t>(rows_a.size()) < m * pairs) rows_a.resize(m * pairs);
     transpose_pairs(pa, a_pair, pairs, m, rows_a.data());
     brgemm_panels(m, n, pairs, rows_a.data(), pb, alpha, beta, c, ldc);
@@ -615,7 +615,7 @@ void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const flo
   TORCH_CHECK(k0 % 2 == 0 && (alpha == 1.0f || !accumulate),
               "bf16_gemm_prepacked: k0 must be even and alpha 1 when accumulating");
   if (m <= 0 || n <= 0) return;
-  thread_local std::vector<Pair> packed_a;
+  thread_local AlignedVector<Pair> packed_a;
   const int64_t pairs = (k + 1) / 2;
   if (static_cast<int64_t>(packed_a.size()) < m * pairs) packed_a.resize(m * pairs);
   // A power-of-two alpha (the scale 1/√d at d = 4, 16, 64, 256, ...) goes into A exactly (but

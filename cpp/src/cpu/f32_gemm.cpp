@@ -184,7 +184,7 @@ ATTNLAB_F32_INLINE void f32_gemm_panels(bool trans_b, int64_t m, int64_t n, int6
                                         float alpha, const float* a, int64_t a_row,
                                         int64_t a_col, int64_t a_block, const float* b,
                                         int64_t ldb, float beta, float* c, int64_t ldc) {
-  thread_local std::vector<float> packed_b;  // per thread, grown as needed
+  thread_local AlignedVector<float> packed_b;  // per thread, grown as needed
   constexpr int64_t kCols = Vecs * kL;
   const int64_t chunk = std::min(k, kChunk);
   if (static_cast<int64_t>(packed_b.size()) < chunk * kCols) packed_b.resize(chunk * kCols);
@@ -247,7 +247,7 @@ ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t 
     // another row of A (lda apart), a cache line apiece, and every column panel reads them all
     // again. Packed once into row blocks of [k][kRows] they stream in order (one Intel Xeon
     // thread, 768×256×640 Aᵀ·B: 92-98 → 111-128 GFLOP/s, MKL's sgemm_ 140-147).
-    thread_local std::vector<float> packed_a;  // per thread, grown as needed
+    thread_local AlignedVector<float> packed_a;  // per thread, grown as needed
     const int64_t size = (m + kRows - 1) / kRows * kRows * k;
     if (static_cast<int64_t>(packed_a.size()) < size) packed_a.resize(size);
     pack_transposed_a(a, lda, m, k, packed_a.data());

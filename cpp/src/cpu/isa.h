@@ -13,9 +13,34 @@
 // indexed by its counter can live in registers.
 #define ATTNLAB_UNROLL _Pragma("GCC unroll 16")
 
+#include <cstddef>
 #include <cstdint>
+#include <new>
+#include <vector>
 
 namespace attnlab::cpu {
+
+// std::vector's allocator on 64-byte (cache line) boundaries, for the kernels' scratch buffers:
+// malloc aligns to 16 bytes only, so a buffer's 64-byte vector loads and stores (and AMX tile
+// rows) could each straddle two lines, depending on where malloc placed it from one call to
+// the next.
+template <typename T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <typename U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64)));
+  }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <typename U>
+  bool operator==(const CacheLineAllocator<U>&) const { return true; }
+  template <typename U>
+  bool operator!=(const CacheLineAllocator<U>&) const { return false; }
+};
+template <typename T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
 // One 64-byte vector of T (GCC vector extension; narrower instruction sets split it). Spelled
 // out per type: GCC ignores vector_size on a dependent alias template.

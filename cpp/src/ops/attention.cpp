@@ -45,8 +45,9 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const 
     // float16 and bfloat16 on the float32 kernel, which widens each batch entry's inputs
     // itself; every sum is float32 and only the results are rounded (the log-sum-exp stays
     // float32, as on CUDA). bfloat16 products through the brgemm route (AMX) take this path
-    // too, K and V packed once per head from the widened rows: widening the whole tensors
-    // first (torch's copy kernel) took 18 % of a (8, 8, 512, 64) forward on an AMX Xeon.
+    // too, without weights reading the bfloat16 rows themselves (cpu::attention_forward):
+    // widening the whole tensors first (torch's copy kernel) took 18 % of a (8, 8, 512, 64)
+    // forward on an AMX Xeon.
     const auto options = query.options().dtype(at::kFloat);
     const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
     // The output in the inputs' dtype, rounded by the kernel block by block.

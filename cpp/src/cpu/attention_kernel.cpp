@@ -646,8 +646,9 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                      grad_weights + b * p.len_q * p.len_k + j0, p.len_k);
         }
         for (int64_t i0 = i_start, step; i0 < p.len_q; i0 += step) {
-          step = p.causal && !grad_weights && i0 < j0 + cols ? kBackwardDiagonalRows
-                                                             : kBackwardQueryBlock;
+          // (the same steps with grad_weights: its call's other gradients are bitwise those
+          // of the call without, the hidden pairs adding exact zeros)
+          step = p.causal && i0 < j0 + cols ? kBackwardDiagonalRows : kBackwardQueryBlock;
           const int64_t rows = std::min(step, p.len_q - i0);
           // Under the causal mask the block's rows see at most the keys up to its last row:
           // the rest have P = dS = 0 and are skipped (but for dP, which grad_weights wants

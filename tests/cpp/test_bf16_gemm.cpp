@@ -297,11 +297,10 @@ double from_bits(uint16_t h) {
 
 }  // namespace
 
-// bf16_pack_b16 (bfloat16 rows packed as they are) lays out the same words as bf16_pack_b of
+// bf16_pack_b of bfloat16 rows (packed as they are) lays out the same words as bf16_pack_b of
 // the same values in float32, for K (transposed) and V, odd k and n included.
 TEST(BF16Gemm, PackFromBfloat16MatchesPackFromFloat) {
   using attnlab::cpu::bf16_pack_b;
-  using attnlab::cpu::bf16_pack_b16;
   using attnlab::cpu::bf16_packed_pairs;
   SKIP_WITHOUT_BF16();
   std::mt19937 rng(21);
@@ -320,7 +319,7 @@ TEST(BF16Gemm, PackFromBfloat16MatchesPackFromFloat) {
       }
       std::vector<uint32_t> from_float(bf16_packed_pairs(k, n), 7u), from_bits(from_float);
       bf16_pack_b(trans_b, k, n, wide.data(), ld, from_float.data());
-      bf16_pack_b16(trans_b, k, n, bits.data(), ld, from_bits.data());
+      bf16_pack_b(trans_b, k, n, bits.data(), ld, from_bits.data());
       int wrong = 0;
       for (size_t i = 0; i < from_float.size(); ++i) wrong += from_float[i] != from_bits[i];
       EXPECT_EQ(wrong, 0);

@@ -107,10 +107,7 @@ class HeadPacker {
       if (id_v == nullptr) id_v = v;
       if (id_k != key_ || id_v != value_) {  // (one format per problem: bf16_operands)
         if (p.bf16_operands) {
-          keys16_.resize(bf16_packed_pairs(p.dim_qk, p.len_k));
-          values16_.resize(bf16_packed_pairs(p.len_k, p.dim_v));
-          bf16_pack_b(true, p.dim_qk, p.len_k, k, p.key.row_stride, keys16_.data());
-          bf16_pack_b(false, p.len_k, p.dim_v, v, p.value.row_stride, values16_.data());
+          pack_bf16(p, k, p.key.row_stride, v, p.value.row_stride);
         } else {
           keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
           values_.resize(f32_packed_size(p.dim_v, p.len_k));
@@ -120,10 +117,7 @@ class HeadPacker {
         key_ = id_k;
         value_ = id_v;
       }
-      if (p.bf16_operands) {
-        return {nullptr, nullptr, keys16_.data(), values16_.data(), bf16_packed_ld(p.len_k),
-                bf16_packed_ld(p.dim_v)};
-      }
+      if (p.bf16_operands) return packed_bf16(p);
       return {keys_.data(), values_.data()};
     } else {
       return {};
@@ -136,10 +130,7 @@ class HeadPacker {
     const uint16_t* k = p.key16.row(b, 0);
     const uint16_t* v = p.value16.row(b, 0);
     if (k != key_ || v != value_) {
-      keys16_.resize(bf16_packed_pairs(p.dim_qk, p.len_k));
-      values16_.resize(bf16_packed_pairs(p.len_k, p.dim_v));
-      bf16_pack_b16(true, p.dim_qk, p.len_k, k, p.key16.row_stride, keys16_.data());
-      bf16_pack_b16(false, p.len_k, p.dim_v, v, p.value16.row_stride, values16_.data());
+      pack_bf16(p, k, p.key16.row_stride, v, p.value16.row_stride);
       key_ = k;
       value_ = v;
     }
@@ -148,8 +139,7 @@ class HeadPacker {
     if (static_cast<int64_t>(query16_.size()) < rows * ld) query16_.resize(rows * ld);
     bf16_pack_rows16(rows, p.dim_qk, exact ? p.scale : 1.0f, p.query16.row(b, i0),
                      p.query16.row_stride, query16_.data(), ld);
-    PackedHead packed{nullptr, nullptr, keys16_.data(), values16_.data(),
-                      bf16_packed_ld(p.len_k), bf16_packed_ld(p.dim_v)};
+    PackedHead packed = packed_bf16(p);
     packed.query16 = query16_.data();
     packed.ld_query16 = ld;
     packed.query16_row0 = i0;
@@ -158,6 +148,20 @@ class HeadPacker {
   }
 
  private:
+  // K and V (float32 or bfloat16 rows) packed into keys16_ and values16_.
+  template <typename Src>
+  void pack_bf16(const AttentionProblem<float>& p, const Src* k, int64_t ldk, const Src* v,
+                 int64_t ldv) {
+    keys16_.resize(bf16_packed_pairs(p.dim_qk, p.len_k));
+    values16_.resize(bf16_packed_pairs(p.len_k, p.dim_v));
+    bf16_pack_b(true, p.dim_qk, p.len_k, k, ldk, keys16_.data());
+    bf16_pack_b(false, p.len_k, p.dim_v, v, ldv, values16_.data());
+  }
+  PackedHead packed_bf16(const AttentionProblem<float>& p) const {
+    return {nullptr, nullptr, keys16_.data(), values16_.data(), bf16_packed_ld(p.len_k),
+            bf16_packed_ld(p.dim_v)};
+  }
+
   const void* key_ = nullptr;
   const void* value_ = nullptr;
   AlignedVector<float> keys_, values_;
@@ -263,12 +267,19 @@ void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t
              p.query.row_stride, p.key.row(b, j0), p.key.row_stride, T(0), scores, ld);
 }
 
-// out [rows, dim_v] = probs [rows, cols] (row stride ldp)·V[j0 : j0 + cols] + beta·out.
+// out [rows, dim_v] = probs [rows, cols] (row stride ldp)·V[j0 : j0 + cols] + beta·out, with
+// probs16 (bfloat16 bits, same row stride) instead of probs where given (reads_bf16: beta 0 or
+// 1, V packed in bfloat16).
 template <typename T>
 void values_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
-                 int64_t rows, int64_t j0, int64_t cols, const T* probs, int64_t ldp, T beta,
-                 T* out) {
+                 int64_t rows, int64_t j0, int64_t cols, const T* probs,
+                 const uint16_t* probs16, int64_t ldp, T beta, T* out) {
   if constexpr (std::is_same_v<T, float>) {
+    if (probs16 != nullptr) {
+      bf16_gemm_prepacked16(rows, p.dim_v, cols, 1.0f, probs16, ldp, packed.value16,
+                            packed.ld_value16, j0, 0, beta == 1.0f, out, p.dim_v);
+      return;
+    }
     if (packed.value16 && (beta == 0.0f || beta == 1.0f) && j0 % 2 == 0) {
       bf16_gemm_prepacked(rows, p.dim_v, cols, 1.0f, probs, ldp, packed.value16,
                           packed.ld_value16, j0, 0, beta == 1.0f, out, p.dim_v);
@@ -346,8 +357,8 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   const auto values_products = [&] {
     for (int64_t r0 = 0; r0 < rows; r0 += group) {
       const int64_t g = std::min(group, rows - r0);
-      values_gemm(p, packed, b, g, 0, group_keys(r0, g), w + r0 * p.len_k, p.len_k, T(0),
-                  out + r0 * p.dim_v);
+      values_gemm(p, packed, b, g, 0, group_keys(r0, g), w + r0 * p.len_k, nullptr, p.len_k,
+                  T(0), out + r0 * p.dim_v);
     }
   };
   for (int64_t r0 = 0; r0 < rows; r0 += group) {
@@ -403,25 +414,24 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
       if (g_cols <= 0) continue;  // rows that see none of this block (only when j0 > 0)
       T* s = scores + r0 * kForwardKeyBlock;
       T* o = out + r0 * p.dim_v;
+      uint16_t* p16 = probs16 != nullptr ? probs16 + r0 * kForwardKeyBlock : nullptr;
       scores_gemm(p, packed, b, i0 + r0, g, j0, g_cols, s, kForwardKeyBlock);
+      const T* mask = mask_block(p, b, i0 + r0, j0);
+      const int64_t visible = visible_base(p, i0 + r0, j0);
       if constexpr (std::is_same_v<T, float>) {
-        if (probs16 != nullptr) {
-          uint16_t* p16 = probs16 + r0 * kForwardKeyBlock;
-          online_softmax_block_bf16(s, g, g_cols, kForwardKeyBlock,
-                                    mask_block(p, b, i0 + r0, j0), p.mask.row_stride,
-                                    visible_base(p, i0 + r0, j0), row_max + r0, row_sum + r0,
-                                    correction + r0, p16, kForwardKeyBlock);
-          if (j0 > 0) scale_rows(o, g, p.dim_v, p.dim_v, correction + r0);
-          bf16_gemm_prepacked16(g, p.dim_v, g_cols, 1.0f, p16, kForwardKeyBlock, packed.value16,
-                                packed.ld_value16, j0, 0, j0 > 0, o, p.dim_v);
-          continue;
+        if (p16 != nullptr) {
+          online_softmax_block_bf16(s, g, g_cols, kForwardKeyBlock, mask, p.mask.row_stride,
+                                    visible, row_max + r0, row_sum + r0, correction + r0, p16,
+                                    kForwardKeyBlock);
         }
       }
-      online_softmax_block(s, g, g_cols, kForwardKeyBlock, mask_block(p, b, i0 + r0, j0),
-                           p.mask.row_stride, visible_base(p, i0 + r0, j0), row_max + r0,
-                           row_sum + r0, correction + r0);
+      if (p16 == nullptr) {
+        online_softmax_block(s, g, g_cols, kForwardKeyBlock, mask, p.mask.row_stride, visible,
+                             row_max + r0, row_sum + r0, correction + r0);
+      }
       if (j0 > 0) scale_rows(o, g, p.dim_v, p.dim_v, correction + r0);
-      values_gemm(p, packed, b, g, j0, g_cols, s, kForwardKeyBlock, j0 > 0 ? T(1) : T(0), o);
+      values_gemm(p, packed, b, g, j0, g_cols, s, p16, kForwardKeyBlock, j0 > 0 ? T(1) : T(0),
+                  o);
     }
   }
   finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse);

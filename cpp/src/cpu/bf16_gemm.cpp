@@ -181,7 +181,7 @@ ATTNLAB_BF16 void pack_rows16(const uint16_t* x, int64_t ldx, int64_t k, int64_t
 
 // pack_transposed_pairs: a row's pairs are its 32-bit words already, so 16×16 transposes of
 // words lay them out.
-ATTNLAB_BF16 void pack_transposed_pairs16(const uint16_t* x, int64_t ldx, int64_t k,
+ATTNLAB_BF16 void pack_transposed_pairs(const uint16_t* x, int64_t ldx, int64_t k,
                                           int64_t width, Pair* out, int64_t ldo) {
   const int64_t pairs = (k + 1) / 2;
   for (int64_t j0 = 0; j0 < ldo; j0 += kLanes16) {
@@ -203,7 +203,7 @@ ATTNLAB_BF16 void pack_transposed_pairs16(const uint16_t* x, int64_t ldx, int64_
 }
 
 // pack_row_pairs: rows 2p and 2p + 1 interleaved word by word.
-ATTNLAB_BF16 void pack_row_pairs16(const uint16_t* x, int64_t ldx, int64_t k, int64_t width,
+ATTNLAB_BF16 void pack_row_pairs(const uint16_t* x, int64_t ldx, int64_t k, int64_t width,
                                    Pair* out, int64_t ldo) {
   const __m512i interleave = interleave_index();
   for (int64_t p = 0; 2 * p < k; ++p) {
@@ -559,8 +559,9 @@ int64_t bf16_packed_ld(int64_t n) { return round_up(n, kLanes16); }
 
 int64_t bf16_packed_pairs(int64_t k, int64_t n) { return (k + 1) / 2 * round_up(n, kLanes16); }
 
-void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
-                 uint32_t* packed) {
+// bf16_pack_b of a float32 or a bfloat16 B (the packers are overloaded by source type).
+template <typename Src>
+void pack_b(bool trans_b, int64_t k, int64_t n, const Src* b, int64_t ldb, uint32_t* packed) {
   if (trans_b) {
     pack_transposed_pairs(b, ldb, k, n, packed, bf16_packed_ld(n));
   } else {
@@ -568,13 +569,14 @@ void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb
   }
 }
 
-void bf16_pack_b16(bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb,
-                   uint32_t* packed) {
-  if (trans_b) {
-    pack_transposed_pairs16(b, ldb, k, n, packed, bf16_packed_ld(n));
-  } else {
-    pack_row_pairs16(b, ldb, k, n, packed, bf16_packed_ld(n));
-  }
+void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const float* b, int64_t ldb,
+                 uint32_t* packed) {
+  pack_b(trans_b, k, n, b, ldb, packed);
+}
+
+void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb,
+                 uint32_t* packed) {
+  pack_b(trans_b, k, n, b, ldb, packed);
 }
 
 void bf16_pack_rows16(int64_t m, int64_t k, float alpha, const uint16_t* a, int64_t lda,
@@ -612,9 +614,7 @@ void bf16_gemm_prepacked16(int64_t m, int64_t n, int64_t k, float alpha, const u
 void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                          int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0, int64_t n0,
                          bool accumulate, float* c, int64_t ldc) {
-  TORCH_CHECK(k0 % 2 == 0 && (alpha == 1.0f || !accumulate),
-              "bf16_gemm_prepacked: k0 must be even and alpha 1 when accumulating");
-  if (m <= 0 || n <= 0) return;
+  if (m <= 0 || n <= 0) return;  // (bf16_gemm_prepacked16 checks k0 and alpha)
   thread_local AlignedVector<Pair> packed_a;
   const int64_t pairs = (k + 1) / 2;
   if (static_cast<int64_t>(packed_a.size()) < m * pairs) packed_a.resize(m * pairs);
@@ -655,8 +655,8 @@ void bf16_gemm_prepacked(int64_t, int64_t, int64_t, float, const float*, int64_t
   TORCH_CHECK(false, "bf16_gemm_prepacked: this build has no AVX512-BF16 kernels");
 }
 
-void bf16_pack_b16(bool, int64_t, int64_t, const uint16_t*, int64_t, uint32_t*) {
-  TORCH_CHECK(false, "bf16_pack_b16: this build has no AVX512-BF16 kernels");
+void bf16_pack_b(bool, int64_t, int64_t, const uint16_t*, int64_t, uint32_t*) {
+  TORCH_CHECK(false, "bf16_pack_b: this build has no AVX512-BF16 kernels");
 }
 
 void bf16_pack_rows16(int64_t, int64_t, float, const uint16_t*, int64_t, uint16_t*, int64_t) {

@@ -64,8 +64,8 @@ void bf16_gemm_prepacked(int64_t m, int64_t n, int64_t k, float alpha, const flo
                          bool accumulate, float* c, int64_t ldc);
 // The same for operands already in bfloat16 (their bits; nothing is rounded), which the
 // forward takes from bfloat16 inputs without widening them to float32:
-// bf16_pack_b16 is bf16_pack_b of a bfloat16 B;
-void bf16_pack_b16(bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb,
+// bf16_pack_b of a bfloat16 B;
+void bf16_pack_b(bool trans_b, int64_t k, int64_t n, const uint16_t* b, int64_t ldb,
                    uint32_t* packed);
 // whether alpha is a power of two (then alpha·x rounds as x does, but for overflow and
 // subnormal results), which bf16_pack_rows16 takes into A;

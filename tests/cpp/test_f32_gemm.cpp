@@ -2,6 +2,7 @@
 // against a float64 product written here: every transpose combination, ragged sizes around the
 // register block (8 rows) and panel widths (16, 32, 48 columns), alpha/beta (beta = 0 over NaN),
 // padded leading dimensions with C's padding left untouched.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -156,6 +157,47 @@ TEST(F32Gemm, PackedOperandsAndSumsLongerThanAChunk) {
     }
   }
   EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
+}
+
+// row_max: each row's largest visible value of C as stored, against a scan of C written here.
+// The causal-style offsets (rows seeing a growing prefix, none, or all of the columns), panel
+// tails, sums over several chunks (where only the finished sums count), beta != 0 and NaN in
+// A (a NaN row of C reports the max of nothing: −inf, as max_of16 skips NaN).
+TEST(F32Gemm, PackedRowMaxIsTheMaxOfEachRowsVisibleColumns) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_packed needs AVX-512";
+  std::mt19937 rng(17);
+  std::normal_distribution<float> normal;
+  int cases = 0, wrong = 0;
+  for (const int64_t m : {1, 7, 16, 19}) {
+    for (const int64_t n : {1, 16, 33, 64, 100}) {
+      for (const int64_t k : {3, 64, 300}) {
+        for (const int64_t visible : {int64_t(-3), int64_t(0), int64_t(5), int64_t(40),
+                                      std::numeric_limits<int64_t>::max() / 4}) {
+          for (const float beta : {0.0f, 0.5f}) {
+            std::vector<float> a(m * k), b(k * n), c(m * n), packed(
+                attnlab::cpu::f32_packed_size(n, k)), row_max(m, 42.0f);
+            for (float& x : a) x = normal(rng);
+            for (float& x : b) x = normal(rng);
+            for (float& x : c) x = normal(rng);
+            if (m > 2) a[2 * k] = kNaN;  // row 2 of C all NaN
+            attnlab::cpu::f32_pack_b(false, n, k, b.data(), n, packed.data());
+            attnlab::cpu::f32_gemm_packed(false, m, n, k, 0.5f, a.data(), k, packed.data(), n,
+                                          k, 0, beta, c.data(), n, row_max.data(), visible);
+            for (int64_t i = 0; i < m; ++i) {
+              const int64_t seen = std::clamp<int64_t>(visible + i, 0, n);
+              float expected = -std::numeric_limits<float>::infinity();
+              for (int64_t j = 0; j < seen; ++j) {
+                if (!std::isnan(c[i * n + j])) expected = std::max(expected, c[i * n + j]);
+              }
+              wrong += !(row_max[i] == expected);
+            }
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "rows over " << cases << " cases";
 }
 
 TEST(F32Gemm, AttentionAndEncoderShapesMatchFloat64) {

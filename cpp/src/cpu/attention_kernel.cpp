@@ -239,10 +239,13 @@ bool reads_bf16(const AttentionProblem<T>& p, const T* weights) {
 }
 
 // ld-strided scores [rows, cols] = scale·Q[i0 : i0 + rows]·K[j0 : j0 + cols]ᵀ (j0 a multiple of
-// the packed panel width when packed).
+// the packed panel width when packed). known_max (or null): per row, the largest score of its
+// first clamp(visible + r, 0, cols) columns where the product found it in registers (float32
+// products on packed heads), else NaN.
 template <typename T>
 void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b, int64_t i0,
-                 int64_t rows, int64_t j0, int64_t cols, T* scores, int64_t ld) {
+                 int64_t rows, int64_t j0, int64_t cols, T* scores, int64_t ld,
+                 T* known_max = nullptr, int64_t visible = kAllVisible) {
   if constexpr (std::is_same_v<T, float>) {
     if (packed.query16) {
       bf16_gemm_prepacked16(rows, cols, p.dim_qk, packed.query16_alpha,
@@ -259,10 +262,11 @@ void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t
     if (packed.key) {
       f32_gemm_packed(false, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0),
                       p.query.row_stride, packed.key + j0 * p.dim_qk, p.len_k - j0, p.dim_qk, 0,
-                      0.0f, scores, ld);
+                      0.0f, scores, ld, known_max, visible);
       return;
     }
   }
+  if (known_max != nullptr) std::fill(known_max, known_max + rows, std::numeric_limits<T>::quiet_NaN());
   block_gemm(p, false, true, rows, cols, p.dim_qk, p.scale, p.query.row(b, i0),
              p.query.row_stride, p.key.row(b, j0), p.key.row_stride, T(0), scores, ld);
 }
@@ -340,7 +344,7 @@ bool weights_through_buffer(int64_t block_q, int64_t len_k) {
 template <typename T>
 void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
                           int64_t i0, int64_t rows, T* out, T* lse, T* weights, T* row_max,
-                          T* row_sum, T* scratch, T* block) {
+                          T* row_sum, T* scratch, T* block, T* known_max) {
   // Without a buffer the weights block [rows, len_k] is the score buffer: one softmax pass,
   // no rescaling.
   T* const dst = weights + (b * p.len_q + i0) * p.len_k;
@@ -361,12 +365,17 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
                   T(0), out + r0 * p.dim_v);
     }
   };
+  // Without an additive mask the products also find each row's max (the causal mask is theirs
+  // to apply: visible_base).
+  const bool maxima = p.mask.data == nullptr;
   for (int64_t r0 = 0; r0 < rows; r0 += group) {
     const int64_t g = std::min(group, rows - r0);
-    scores_gemm(p, packed, b, i0 + r0, g, 0, group_keys(r0, g), w + r0 * p.len_k, p.len_k);
+    scores_gemm(p, packed, b, i0 + r0, g, 0, group_keys(r0, g), w + r0 * p.len_k, p.len_k,
+                maxima ? known_max + r0 : nullptr, visible_base(p, i0 + r0, 0));
   }
   online_softmax_block(w, rows, kv_end, p.len_k, mask_block(p, b, i0, 0), p.mask.row_stride,
-                       visible_base(p, i0, 0), row_max, row_sum, scratch);
+                       visible_base(p, i0, 0), row_max, row_sum, scratch,
+                       maxima ? known_max : nullptr);
   // On bfloat16 operands P·V also takes exp(s − max) before the normalization, as the online
   // path and torch's kernel do: a row's largest term is then 1, exact in bfloat16, where
   // rounding the normalized weight of a peaked row would cost its dominant term a rounding
@@ -395,7 +404,7 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
 template <typename T>
 void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
                     int64_t i0, int64_t rows, T* out, T* lse, T* row_max, T* row_sum,
-                    T* correction, T* scores, uint16_t* probs16) {
+                    T* correction, T* scores, uint16_t* probs16, T* known_max) {
   // The output rows accumulate P·V; earlier blocks are rescaled when the row max grows.
   const int64_t kv_end = key_end(p, i0, rows);
   if (kv_end == 0) std::fill(out, out + rows * p.dim_v, T(0));
@@ -415,9 +424,11 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
       T* s = scores + r0 * kForwardKeyBlock;
       T* o = out + r0 * p.dim_v;
       uint16_t* p16 = probs16 != nullptr ? probs16 + r0 * kForwardKeyBlock : nullptr;
-      scores_gemm(p, packed, b, i0 + r0, g, j0, g_cols, s, kForwardKeyBlock);
       const T* mask = mask_block(p, b, i0 + r0, j0);
       const int64_t visible = visible_base(p, i0 + r0, j0);
+      // Without an additive mask the products also find each row's max.
+      T* maxima = mask == nullptr && p16 == nullptr ? known_max + r0 : nullptr;
+      scores_gemm(p, packed, b, i0 + r0, g, j0, g_cols, s, kForwardKeyBlock, maxima, visible);
       if constexpr (std::is_same_v<T, float>) {
         if (p16 != nullptr) {
           online_softmax_block_bf16(s, g, g_cols, kForwardKeyBlock, mask, p.mask.row_stride,
@@ -427,7 +438,7 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
       }
       if (p16 == nullptr) {
         online_softmax_block(s, g, g_cols, kForwardKeyBlock, mask, p.mask.row_stride, visible,
-                             row_max + r0, row_sum + r0, correction + r0);
+                             row_max + r0, row_sum + r0, correction + r0, maxima);
       }
       if (j0 > 0) scale_rows(o, g, p.dim_v, p.dim_v, correction + r0);
       values_gemm(p, packed, b, g, j0, g_cols, s, p16, kForwardKeyBlock, j0 > 0 ? T(1) : T(0),
@@ -475,7 +486,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   }
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
-    std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q);
+    std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q), known_max(block_q);
     AlignedVector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
     AlignedVector<T> weights_block(
         weights && weights_through_buffer<T>(block_q, p.len_k) ? block_q * p.len_k : 0);
@@ -511,11 +522,12 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       if (weights) {
         forward_with_weights(*head, packed, b, i0, rows, out, lse, weights, row_max.data(),
                              row_sum.data(), correction.data(),
-                             weights_block.empty() ? nullptr : weights_block.data());
+                             weights_block.empty() ? nullptr : weights_block.data(),
+                             known_max.data());
       } else {
         forward_online(*head, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
                        correction.data(), scores.data(),
-                       probs16.empty() ? nullptr : probs16.data());
+                       probs16.empty() ? nullptr : probs16.data(), known_max.data());
       }
       if constexpr (std::is_same_v<T, float>) {
         if (output16 != nullptr) {

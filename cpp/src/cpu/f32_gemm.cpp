@@ -78,12 +78,23 @@ ATTNLAB_F32 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width
   }
 }
 
+// Where a product also finds its rows' largest visible values (f32_gemm_packed's row_max): 16
+// lanes of running maxima per row of C, and which columns each row sees.
+struct RowMaxLanes {
+  float* lanes;     // row i's at lanes + 16·i
+  int64_t visible;  // row i of the product sees its columns [0, visible + i)
+  int64_t col0;     // the first column of the register blocks being run
+};
+
 // One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
 // `last`). op(A)[r, p] is a[r·a_row + p·a_col]; the block's B row p starts at b + p·ldb.
+// max (or null): the running maxima of the product's rows from row0 on, which the block's
+// visible results join as they are stored (NaN skipped, as max_of16 skips it).
 template <int Rows, int Vecs>
 ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                               const float* b, int64_t ldb, float alpha, float beta, float* c,
-                              int64_t ldc, __mmask16 last) {
+                              int64_t ldc, __mmask16 last, const RowMaxLanes* max,
+                              int64_t row0) {
   __m512 acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r) {
     for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -99,13 +110,23 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
   }
   const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
   for (int r = 0; r < Rows; ++r) {
+    __m512 row_max;
+    int64_t seen = 0;  // the columns of this block that row r sees
+    if (max != nullptr) {
+      row_max = _mm512_load_ps(max->lanes + (row0 + r) * kL);
+      seen = max->visible + row0 + r - max->col0;
+    }
     for (int v = 0; v < Vecs; ++v) {
       const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
       float* cr = c + r * ldc + kL * v;
       __m512 out = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
       if (beta != 0.0f) out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out);
       _mm512_mask_storeu_ps(cr, lanes, out);
+      if (max != nullptr) {
+        row_max = _mm512_mask_max_ps(row_max, lanes & first_lanes(seen - kL * v), out, row_max);
+      }
     }
+    if (max != nullptr) _mm512_store_ps(max->lanes + (row0 + r) * kL, row_max);
   }
 }
 
@@ -117,21 +138,22 @@ ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, co
                                                         int64_t a_row,
                                      int64_t a_col, int64_t a_block, const float* b, int64_t ldb,
                                      float alpha, float beta, float* c, int64_t ldc,
-                                     __mmask16 last) {
+                                     __mmask16 last, const RowMaxLanes* max) {
   int64_t i0 = 0;
   const float* ai = a;  // op(A)'s rows from i0 (a_block apart per kRows rows)
   for (; i0 + kRows <= m; i0 += kRows, ai += a_block) {
-    block<kRows, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last);
+    block<kRows, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last, max,
+                       i0);
   }
   float* ci = c + i0 * ldc;
   switch (m - i0) {  // the remaining rows in one block of their own size
-    case 7: block<7, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 6: block<6, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 5: block<5, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 4: block<4, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 3: block<3, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 2: block<2, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 1: block<1, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 7: block<7, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 6: block<6, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 5: block<5, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 4: block<4, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 3: block<3, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 2: block<2, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 1: block<1, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
     default: break;
   }
 }
@@ -162,16 +184,16 @@ ATTNLAB_F32 void pack_transposed_a(const float* a, int64_t lda, int64_t m, int64
 ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int64_t a_row,
                                       int64_t a_col, int64_t a_block, const float* panel,
                                       int64_t ldo, int64_t width, float alpha, float beta,
-                                      float* c, int64_t ldc) {
+                                      float* c, int64_t ldc, const RowMaxLanes* max = nullptr) {
   if (width == kVecs * kL) {
     column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                        __mmask16(0xFFFF));
+                        __mmask16(0xFFFF), max);
   } else if (width > kL) {
     column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                    first_lanes(width - kL));
+                    first_lanes(width - kL), max);
   } else {
     column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                    first_lanes(width));
+                    first_lanes(width), max);
   }
 }
 
@@ -209,19 +231,32 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
                                         float alpha, const float* a, int64_t lda,
                                         const float* packed, int64_t packed_n,
                                         int64_t panel_stride, int64_t row0, float beta,
-                                        float* c, int64_t ldc) {
+                                        float* c, int64_t ldc, float* row_max,
+                                        int64_t visible) {
   constexpr int64_t kCols = kVecs * kL;
   const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1, a_block = kRows * a_row;
+  thread_local AlignedVector<float> lanes;  // per thread, grown as needed
+  RowMaxLanes max{nullptr, visible, 0};
+  if (row_max != nullptr) {
+    if (static_cast<int64_t>(lanes.size()) < m * kL) lanes.resize(m * kL);
+    std::fill(lanes.begin(), lanes.begin() + m * kL, -std::numeric_limits<float>::infinity());
+    max.lanes = lanes.data();
+  }
   for (int64_t j0 = 0; j0 < n; j0 += kCols) {
     const float* panel = packed + (j0 / kCols) * panel_stride;
     // The panel's row stride as packed (the last panel of packed_n columns may be narrower).
     const int64_t ldo = round_up(std::min(kCols, packed_n - j0), kL);
     const int64_t width = std::min(kCols, n - j0);
+    max.col0 = j0;
     for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
+      const bool final_chunk = p0 + kChunk >= k;  // (the maxima are of the finished sums)
       panel_product(m, std::min(kChunk, k - p0), a + p0 * a_col, a_row, a_col, a_block,
                     panel + (row0 + p0) * ldo, ldo, width, alpha, p0 == 0 ? beta : 1.0f,
-                    c + j0, ldc);
+                    c + j0, ldc, row_max != nullptr && final_chunk ? &max : nullptr);
     }
+  }
+  if (row_max != nullptr) {
+    for (int64_t i = 0; i < m; ++i) row_max[i] = _mm512_reduce_max_ps(_mm512_load_ps(lanes.data() + i * kL));
   }
 }
 
@@ -333,10 +368,15 @@ void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
 
 void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
-                     int64_t row0, float beta, float* c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
+                     int64_t row0, float beta, float* c, int64_t ldc, float* row_max,
+                     int64_t visible) {
+  if (m <= 0) return;
+  if (n <= 0) {
+    if (row_max != nullptr) std::fill(row_max, row_max + m, -std::numeric_limits<float>::infinity());
+    return;
+  }
   f32_gemm_packed_avx512(trans_a, m, n, k, alpha, a, lda, packed, packed_n,
-                         packed_k * kF32PackedPanel, row0, beta, c, ldc);
+                         packed_k * kF32PackedPanel, row0, beta, c, ldc, row_max, visible);
 }
 
 #else
@@ -346,7 +386,7 @@ bool f32_gemm_available() { return false; }
 void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
 
 void f32_gemm_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                     int64_t, int64_t, int64_t, float, float*, int64_t) {}
+                     int64_t, int64_t, int64_t, float, float*, int64_t, float*, int64_t) {}
 
 void f32_widen_rows(const uint16_t*, int64_t, int64_t, int64_t, bool, float*) {}
 

@@ -19,12 +19,15 @@ constexpr int64_t kAllVisible = std::numeric_limits<int64_t>::max() / 4;
 // become 0. Updates row_max and row_sum and writes correction[r] = exp(old max − new max), the
 // factor by which the caller rescales what it accumulated from earlier blocks.
 // A row with nothing visible so far keeps max −inf and sum 0 (NaN scores make it NaN).
+// known_max (nullable): per row, the largest of the scores the row sees in this block where the
+// caller already has it (f32_gemm_packed's row_max), or NaN: the row is then not searched.
 void online_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, const float* mask,
                           int64_t mask_ld, int64_t visible_base, float* row_max, float* row_sum,
-                          float* correction);
+                          float* correction, const float* known_max = nullptr);
 void online_softmax_block(double* s, int64_t rows, int64_t cols, int64_t ld, const double* mask,
                           int64_t mask_ld, int64_t visible_base, double* row_max,
-                          double* row_sum, double* correction);
+                          double* row_sum, double* correction,
+                          const double* known_max = nullptr);
 
 // online_softmax_block (float) with the probabilities written to probs16 instead (rows ld16 >= ld
 // apart), rounded to bfloat16 (to nearest even; bits): columns a row may not see are 0 up to

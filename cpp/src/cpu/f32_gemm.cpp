@@ -90,7 +90,7 @@ struct RowMaxLanes {
 // `last`). op(A)[r, p] is a[r·a_row + p·a_col]; the block's B row p starts at b + p·ldb.
 // max (or null): the running maxima of the product's rows from row0 on, which the block's
 // visible results join as they are stored (NaN skipped, as max_of16 skips it).
-template <int Rows, int Vecs>
+template <int Rows, int Vecs, bool Max>
 ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                               const float* b, int64_t ldb, float alpha, float beta, float* c,
                               int64_t ldc, __mmask16 last, const RowMaxLanes* max,
@@ -109,31 +109,46 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
     }
   }
   const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
+  // With maxima: whether every row sees every column of the block (then no lane masks).
+  // (copied out of *max: the stores to C could otherwise alias it and force reloads)
+  [[maybe_unused]] bool whole = false;
+  [[maybe_unused]] float* max_lanes = nullptr;
+  [[maybe_unused]] int64_t seen0 = 0;  // the columns of this block that its first row sees
+  if constexpr (Max) {
+    max_lanes = max->lanes + row0 * kL;
+    seen0 = max->visible + row0 - max->col0;
+    whole = last == __mmask16(0xFFFF) && seen0 >= Vecs * kL;
+  }
   for (int r = 0; r < Rows; ++r) {
-    __m512 row_max;
-    int64_t seen = 0;  // the columns of this block that row r sees
-    if (max != nullptr) {
-      row_max = _mm512_load_ps(max->lanes + (row0 + r) * kL);
-      seen = max->visible + row0 + r - max->col0;
-    }
+    __m512 out[Vecs];
     for (int v = 0; v < Vecs; ++v) {
       const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
       float* cr = c + r * ldc + kL * v;
-      __m512 out = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
-      if (beta != 0.0f) out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out);
-      _mm512_mask_storeu_ps(cr, lanes, out);
-      if (max != nullptr) {
-        row_max = _mm512_mask_max_ps(row_max, lanes & first_lanes(seen - kL * v), out, row_max);
-      }
+      out[v] = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
+      if (beta != 0.0f) out[v] = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out[v]);
+      _mm512_mask_storeu_ps(cr, lanes, out[v]);
     }
-    if (max != nullptr) _mm512_store_ps(max->lanes + (row0 + r) * kL, row_max);
+    if constexpr (Max) {
+      float* lanes_r = max_lanes + r * kL;
+      __m512 row_max = _mm512_load_ps(lanes_r);
+      if (whole) {
+        for (int v = 0; v < Vecs; ++v) row_max = _mm512_max_ps(out[v], row_max);
+      } else {
+        for (int v = 0; v < Vecs; ++v) {
+          const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
+          row_max = _mm512_mask_max_ps(row_max, lanes & first_lanes(seen0 + r - kL * v), out[v],
+                                       row_max);
+        }
+      }
+      _mm512_store_ps(lanes_r, row_max);
+    }
   }
 }
 
 // Not inlined: each instance is register-allocated on its own. Inlined into callers that hold
 // several instances and a loop over chunks of the sum, GCC kept the B vectors on the stack and
 // the attention forward ran at half speed.
-template <int Vecs>
+template <int Vecs, bool Max = false>
 ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, const float* a,
                                                         int64_t a_row,
                                      int64_t a_col, int64_t a_block, const float* b, int64_t ldb,
@@ -142,18 +157,18 @@ ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, co
   int64_t i0 = 0;
   const float* ai = a;  // op(A)'s rows from i0 (a_block apart per kRows rows)
   for (; i0 + kRows <= m; i0 += kRows, ai += a_block) {
-    block<kRows, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last, max,
-                       i0);
+    block<kRows, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last,
+                            max, i0);
   }
   float* ci = c + i0 * ldc;
   switch (m - i0) {  // the remaining rows in one block of their own size
-    case 7: block<7, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 6: block<6, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 5: block<5, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 4: block<4, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 3: block<3, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 2: block<2, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 1: block<1, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 7: block<7, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 6: block<6, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 5: block<5, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 4: block<4, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 3: block<3, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 2: block<2, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+    case 1: block<1, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
     default: break;
   }
 }
@@ -185,15 +200,25 @@ ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int6
                                       int64_t a_col, int64_t a_block, const float* panel,
                                       int64_t ldo, int64_t width, float alpha, float beta,
                                       float* c, int64_t ldc, const RowMaxLanes* max = nullptr) {
-  if (width == kVecs * kL) {
-    column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                        __mmask16(0xFFFF), max);
-  } else if (width > kL) {
-    column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                    first_lanes(width - kL), max);
+  const __mmask16 last = width == kVecs * kL ? __mmask16(0xFFFF)
+                         : width > kL         ? first_lanes(width - kL)
+                                              : first_lanes(width);
+  // (the maxima as separate instances: their epilogue slowed products without them)
+  if (width > kL) {
+    static_assert(kVecs == 2);
+    if (max != nullptr) {
+      column_block<2, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+                            last, max);
+    } else {
+      column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc, last,
+                      nullptr);
+    }
+  } else if (max != nullptr) {
+    column_block<1, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc, last,
+                          max);
   } else {
-    column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                    first_lanes(width), max);
+    column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc, last,
+                    nullptr);
   }
 }
 

@@ -192,6 +192,37 @@ def test_blocked_weights_and_the_backward_that_reuses_them(name, dtype):
             (label, ours_err, torch_err)
 
 
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float32], ids=str)
+@pytest.mark.parametrize("need_weights", [False, True], ids=["output", "weights"])
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_blocked_large_scores_keep_their_shift(causal, need_weights, dtype):
+    # Scores up to about ±150: exp overflows float32 past 88, so every route must shift each row
+    # by its own max (on float32 products the score products find it; the others search the
+    # row). A missing or stale shift gives inf or NaN here where moderate scores hide it.
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 2, 300, 64, generator=gen) * s for s in (7.0, 7.0, 1.0))
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    out, weights = attnlab.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                        need_weights=need_weights)
+    exact, exact_w = reference_attention(q, k, v, None, causal)
+    assert (q.double() @ k.double().transpose(-2, -1) / 8).abs().max() > 100
+    theirs = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert torch.isfinite(out).all()
+    eps = EPS.get(dtype, 2.0 ** -24)
+    ours_err, torch_err = _max_err(out, exact), _max_err(theirs, exact)
+    assert ours_err <= 2 * torch_err + eps * exact.abs().max().item() / 4, (ours_err, torch_err)
+    if need_weights:
+        # Against torch's weights from the plain formulation at the same dtype (scores this
+        # large carry their rounding, |s|·2^-24 and more, into every weight).
+        scores = q @ k.transpose(-2, -1) / 8
+        if causal:
+            scores = scores.masked_fill(torch.ones(300, 300, dtype=torch.bool).triu(1),
+                                        float("-inf"))
+        their_w = torch.softmax(scores, dim=-1)
+        assert torch.isfinite(weights).all()
+        assert _max_err(weights, exact_w) <= 2 * _max_err(their_w, exact_w) + eps / 4
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
 def test_blocked_forward_of_broadcast_and_strided_inputs(causal, dtype):

@@ -194,6 +194,67 @@ ATTNLAB_F32 void pack_transposed_a(const float* a, int64_t lda, int64_t m, int64
   }
 }
 
+// C = alpha·op(A)·P (beta 0, one chunk of the sum) for Rows rows of C over every packed panel of
+// n columns, with the rows' maxima over their visible columns (f32_gemm_packed's row_max): the
+// panels run inside the row block, so that its Rows running maxima stay in registers instead
+// of 16 lanes per row loaded and stored again by every block (which cost the k = 64 scores
+// 8–10 % of their rate). The last panel's second vector is loaded under its lane mask.
+// One panel of rows_with_max: its products, stored, and joined to the rows' running maxima.
+template <int Rows>
+ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row, int64_t a_col,
+                                       const float* b, int64_t ldb, __mmask16 lanes0,
+                                       __mmask16 lanes1, float alpha, float* c, int64_t ldc,
+                                       int64_t seen0, bool whole, __m512 (&max)[Rows]) {
+  __m512 acc0[Rows], acc1[Rows];
+  for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t p = 0; p < k; ++p) {
+    const __m512 b0 = _mm512_loadu_ps(b + p * ldb);
+    const __m512 b1 = _mm512_maskz_loadu_ps(lanes1, b + p * ldb + kL);
+    const float* ap = a + p * a_col;
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * a_row]);
+      acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  const __m512 valpha = _mm512_set1_ps(alpha);
+  for (int r = 0; r < Rows; ++r) {
+    const __m512 out0 = _mm512_mul_ps(acc0[r], valpha);
+    const __m512 out1 = _mm512_mul_ps(acc1[r], valpha);
+    _mm512_mask_storeu_ps(c + r * ldc, lanes0, out0);
+    _mm512_mask_storeu_ps(c + r * ldc + kL, lanes1, out1);
+    const __mmask16 seen_0 = whole ? lanes0 : __mmask16(lanes0 & first_lanes(seen0 + r));
+    const __mmask16 seen_1 = whole ? lanes1 : __mmask16(lanes1 & first_lanes(seen0 + r - kL));
+    max[r] = _mm512_mask_max_ps(max[r], seen_0, out0, max[r]);
+    max[r] = _mm512_mask_max_ps(max[r], seen_1, out1, max[r]);
+  }
+}
+
+// C = alpha·op(A)·P (beta 0, one chunk of the sum) for Rows rows of C over every packed panel of
+// n columns, with the rows' maxima over their visible columns (f32_gemm_packed's row_max): the
+// panels run inside the row block, so that its Rows running maxima stay in registers instead
+// of 16 lanes per row loaded and stored again by every block (which cost the k = 64 scores
+// 8–10 % of their rate). The last panel's second vector is loaded under its lane mask.
+template <int Rows>
+ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
+    int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* packed,
+    int64_t panel_stride, int64_t packed_n, int64_t row0, float alpha, float* c, int64_t ldc,
+    float* row_max, int64_t visible) {
+  constexpr int64_t kCols = kVecs * kL;
+  static_assert(kVecs == 2);
+  __m512 max[Rows];
+  for (int r = 0; r < Rows; ++r) max[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+    const int64_t ldb = round_up(std::min(kCols, packed_n - j0), kL);
+    const float* b = packed + (j0 / kCols) * panel_stride + row0 * ldb;
+    const int64_t width = std::min(kCols, n - j0);
+    const int64_t seen0 = visible - j0;  // the columns of this panel that row 0 sees
+    panel_with_max<Rows>(k, a, a_row, a_col, b, ldb, first_lanes(width), first_lanes(width - kL),
+                         alpha, c + j0, ldc, seen0, width == kCols && seen0 >= kCols, max);
+  }
+  for (int r = 0; r < Rows; ++r) row_max[r] = _mm512_reduce_max_ps(max[r]);
+}
+
 // C[:, 0 : width] = alpha·op(A)·P + beta·C for a packed panel P of width <= kVecs·16 columns
 // (rows ldo apart): a block of kVecs vectors, or of fewer for a narrow last panel.
 ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int64_t a_row,
@@ -260,6 +321,27 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
                                         int64_t visible) {
   constexpr int64_t kCols = kVecs * kL;
   const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1, a_block = kRows * a_row;
+  // Scores (beta 0, one chunk of the sum): the row blocks keep their maxima in registers.
+  if (row_max != nullptr && k <= kChunk && beta == 0.0f) {
+    const float* ai = a;
+    for (int64_t i0 = 0; i0 < m; i0 += kRows, ai += a_block) {
+      const int64_t vis = visible + i0;
+      float* ci = c + i0 * ldc;
+      switch (std::min<int64_t>(kRows, m - i0)) {
+#define ATTNLAB_ROWS_WITH_MAX(R)                                                          \
+  case R:                                                                                 \
+    rows_with_max<R>(n, k, ai, a_row, a_col, packed, panel_stride, packed_n, row0, alpha, \
+                     ci, ldc, row_max + i0, vis);                                         \
+    break;
+        ATTNLAB_ROWS_WITH_MAX(8) ATTNLAB_ROWS_WITH_MAX(7) ATTNLAB_ROWS_WITH_MAX(6)
+        ATTNLAB_ROWS_WITH_MAX(5) ATTNLAB_ROWS_WITH_MAX(4) ATTNLAB_ROWS_WITH_MAX(3)
+        ATTNLAB_ROWS_WITH_MAX(2) ATTNLAB_ROWS_WITH_MAX(1)
+#undef ATTNLAB_ROWS_WITH_MAX
+        default: break;
+      }
+    }
+    return;
+  }
   thread_local AlignedVector<float> lanes;  // per thread, grown as needed
   RowMaxLanes max{nullptr, visible, 0};
   if (row_max != nullptr) {

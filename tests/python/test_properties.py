@@ -371,9 +371,34 @@ def check_sparse_attention(drawn):
     ref_out, _, _ = sparse_reference.attention(
         *ref_leaves[:3], ref_mask, case.is_causal, case.scale, normalizer, alpha)
     refs = torch.autograd.grad(ref_out, ref_leaves, grad_output.double())
-    for name, grad, ref in zip(["query", "key", "value", "attn_mask"], grads, refs):
+    for name, grad, ref in zip(["query", "key", "value"], grads, refs):
         assert_matches(grad, ref, f"gradient of {name}", gradient_precision(case, grad),
                        gradient=True, magnitude=largest(refs))
+    if len(grads) > 3:
+        assert_sparse_mask_gradient(grads[3], refs[3], ref_weights, a, case, grad_output,
+                                    gradient_precision(case, grads[3]), largest(refs))
+
+
+def assert_sparse_mask_gradient(grad, ref, weights, a, case, grad_output, precision, magnitude):
+    """The mask's gradient sums dz = s·(dP − delta) over every score it is added to (s =
+    p^(2−α) on the support). The kernels take delta_i = dO_i·U_i from the forward's U (the
+    support's s-weighted mean of V), rounded to the inputs' precision: its rounding,
+    about eps·Σ_c |dO_ic·U_ic|, does not cancel in that sum but adds up s times per score,
+    the support's size per row for sparsemax. A broadcast mask over flat scores (a scale of 0)
+    sums it over every query and key, so the bound grows with those sums."""
+    if precision == torch.float64:
+        assert_matches(grad, ref, "gradient of attn_mask", precision, gradient=True,
+                       magnitude=magnitude)
+        return
+    s = torch.where(weights > 0, weights.clamp_min(1e-300) ** (2 - a), torch.zeros_like(weights))
+    v = case.value.double().expand(*s.shape[:-2], *case.value.shape[-2:])
+    u = (s @ v) / s.sum(-1, keepdim=True).clamp_min(1e-300)
+    rounding = (grad_output.double().abs() * u.abs()).sum(-1, keepdim=True)  # [..., L_q, 1]
+    bound = (s * rounding).sum_to_size(ref.shape) * 4 * torch.finfo(torch.float32).eps
+    error = (grad.double() - ref).abs()
+    allowed = 2e-3 * ref.abs() + 2e-4 * max(1.0, magnitude) + bound
+    assert bool((error <= allowed).all()), \
+        f"gradient of attn_mask: error {error.max().item():.3g} beyond {allowed.min().item():.3g}"
 
 
 test_sparse_attention_matches_reference, test_sparse_attention_matches_reference_slow = \

@@ -391,8 +391,7 @@ def assert_sparse_mask_gradient(grad, ref, weights, a, case, grad_output, precis
                        magnitude=magnitude)
         return
     s = torch.where(weights > 0, weights.clamp_min(1e-300) ** (2 - a), torch.zeros_like(weights))
-    v = case.value.double().expand(*s.shape[:-2], *case.value.shape[-2:])
-    u = (s @ v) / s.sum(-1, keepdim=True).clamp_min(1e-300)
+    u = (s @ case.value.double()) / s.sum(-1, keepdim=True).clamp_min(1e-300)  # (broadcasts)
     rounding = (grad_output.double().abs() * u.abs()).sum(-1, keepdim=True)  # [..., L_q, 1]
     bound = (s * rounding).sum_to_size(ref.shape) * 4 * torch.finfo(torch.float32).eps
     error = (grad.double() - ref).abs()

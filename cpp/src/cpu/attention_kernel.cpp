@@ -247,7 +247,9 @@ void scores_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t
                  int64_t rows, int64_t j0, int64_t cols, T* scores, int64_t ld,
                  T* known_max = nullptr, int64_t visible = kAllVisible) {
   // (NaN first: only the float32 products on packed heads find the maxima)
-  if (known_max != nullptr) std::fill(known_max, known_max + rows, std::numeric_limits<T>::quiet_NaN());
+  if (known_max != nullptr) {
+    std::fill(known_max, known_max + rows, std::numeric_limits<T>::quiet_NaN());
+  }
   if constexpr (std::is_same_v<T, float>) {
     if (packed.query16) {
       bf16_gemm_prepacked16(rows, cols, p.dim_qk, packed.query16_alpha,

@@ -162,13 +162,13 @@ ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, co
   }
   float* ci = c + i0 * ldc;
   switch (m - i0) {  // the remaining rows in one block of their own size
-    case 7: block<7, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 6: block<6, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 5: block<5, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 4: block<4, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 3: block<3, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 2: block<2, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
-    case 1: block<1, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0); break;
+#define ATTNLAB_TAIL_BLOCK(R)                                                                  \
+  case R:                                                                                      \
+    block<R, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0);     \
+    break;
+    ATTNLAB_TAIL_BLOCK(7) ATTNLAB_TAIL_BLOCK(6) ATTNLAB_TAIL_BLOCK(5) ATTNLAB_TAIL_BLOCK(4)
+    ATTNLAB_TAIL_BLOCK(3) ATTNLAB_TAIL_BLOCK(2) ATTNLAB_TAIL_BLOCK(1)
+#undef ATTNLAB_TAIL_BLOCK
     default: break;
   }
 }
@@ -363,7 +363,9 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
     }
   }
   if (row_max != nullptr) {
-    for (int64_t i = 0; i < m; ++i) row_max[i] = _mm512_reduce_max_ps(_mm512_load_ps(lanes.data() + i * kL));
+    for (int64_t i = 0; i < m; ++i) {
+      row_max[i] = _mm512_reduce_max_ps(_mm512_load_ps(lanes.data() + i * kL));
+    }
   }
 }
 
@@ -479,7 +481,9 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
                      int64_t visible) {
   if (m <= 0) return;
   if (n <= 0) {
-    if (row_max != nullptr) std::fill(row_max, row_max + m, -std::numeric_limits<float>::infinity());
+    if (row_max != nullptr) {
+      std::fill(row_max, row_max + m, -std::numeric_limits<float>::infinity());
+    }
     return;
   }
   f32_gemm_packed_avx512(trans_a, m, n, k, alpha, a, lda, packed, packed_n,

@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <c10/util/Exception.h>
 
 #include "gemm_contract.h"
 
@@ -159,30 +162,38 @@ TEST(F32Gemm, PackedOperandsAndSumsLongerThanAChunk) {
   EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
 }
 
-// row_max: each row's largest visible value of C as stored, against a scan of C written here.
-// The causal-style offsets (rows seeing a growing prefix, none, or all of the columns), panel
-// tails, sums over several chunks (where only the finished sums count), beta != 0 and NaN in
-// A (a NaN row of C reports the max of nothing: −inf, as max_of16 skips NaN).
+// row_max: each row's largest visible value of C as stored, against a scan of C written here,
+// and C itself bitwise the product without row_max. The causal-style offsets (rows seeing a
+// growing prefix, none, or all of the columns), panel tails, sums longer than a chunk, op(A)
+// both ways and NaN in A (a NaN row of C reports the max of nothing: −inf, as max_of16 skips
+// NaN). beta != 0 with row_max is refused.
 TEST(F32Gemm, PackedRowMaxIsTheMaxOfEachRowsVisibleColumns) {
   if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_packed needs AVX-512";
   std::mt19937 rng(17);
   std::normal_distribution<float> normal;
-  int cases = 0, wrong = 0;
-  for (const int64_t m : {1, 7, 16, 19}) {
-    for (const int64_t n : {1, 16, 33, 64, 100}) {
-      for (const int64_t k : {3, 64, 300}) {
-        for (const int64_t visible : {int64_t(-3), int64_t(0), int64_t(5), int64_t(40),
-                                      std::numeric_limits<int64_t>::max() / 4}) {
-          for (const float beta : {0.0f, 0.5f}) {
-            std::vector<float> a(m * k), b(k * n), c(m * n), packed(
-                attnlab::cpu::f32_packed_size(n, k)), row_max(m, 42.0f);
+  int cases = 0, wrong = 0, changed = 0;
+  for (const bool trans_a : {false, true}) {
+    for (const int64_t m : {1, 7, 16, 19}) {
+      for (const int64_t n : {1, 16, 33, 64, 100}) {
+        for (const int64_t k : {3, 64, 300}) {
+          for (const int64_t visible : {int64_t(-3), int64_t(0), int64_t(5), int64_t(40),
+                                        std::numeric_limits<int64_t>::max() / 4}) {
+            std::vector<float> a(m * k), b(k * n), c(m * n), plain(m * n),
+                packed(attnlab::cpu::f32_packed_size(n, k)), row_max(m, 42.0f);
             for (float& x : a) x = normal(rng);
             for (float& x : b) x = normal(rng);
-            for (float& x : c) x = normal(rng);
-            if (m > 2) a[2 * k] = kNaN;  // row 2 of C all NaN
+            if (m > 2) {  // row 2 of C all NaN
+              for (int64_t p = 0; p < k; ++p) a[trans_a ? p * m + 2 : 2 * k + p] = kNaN;
+            }
+            const int64_t lda = trans_a ? m : k;
             attnlab::cpu::f32_pack_b(false, n, k, b.data(), n, packed.data());
-            attnlab::cpu::f32_gemm_packed(false, m, n, k, 0.5f, a.data(), k, packed.data(), n,
-                                          k, 0, beta, c.data(), n, row_max.data(), visible);
+            attnlab::cpu::f32_gemm_packed(trans_a, m, n, k, 0.5f, a.data(), lda, packed.data(),
+                                          n, k, 0, 0.0f, c.data(), n, row_max.data(), visible);
+            attnlab::cpu::f32_gemm_packed(trans_a, m, n, k, 0.5f, a.data(), lda, packed.data(),
+                                          n, k, 0, 0.0f, plain.data(), n);
+            for (int64_t i = 0; i < m * n; ++i) {
+              changed += std::memcmp(&c[i], &plain[i], sizeof(float)) != 0;
+            }
             for (int64_t i = 0; i < m; ++i) {
               const int64_t seen = std::clamp<int64_t>(visible + i, 0, n);
               float expected = -std::numeric_limits<float>::infinity();
@@ -198,6 +209,12 @@ TEST(F32Gemm, PackedRowMaxIsTheMaxOfEachRowsVisibleColumns) {
     }
   }
   EXPECT_EQ(wrong, 0) << "rows over " << cases << " cases";
+  EXPECT_EQ(changed, 0) << "elements of C that differ from the product without row_max";
+  std::vector<float> a(4, 1.0f), packed(attnlab::cpu::f32_packed_size(2, 2)), c(4), row_max(2);
+  attnlab::cpu::f32_pack_b(false, 2, 2, a.data(), 2, packed.data());
+  EXPECT_THROW(attnlab::cpu::f32_gemm_packed(false, 2, 2, 2, 1.0f, a.data(), 2, packed.data(), 2,
+                                             2, 0, 0.5f, c.data(), 2, row_max.data()),
+               c10::Error);
 }
 
 TEST(F32Gemm, AttentionAndEncoderShapesMatchFloat64) {

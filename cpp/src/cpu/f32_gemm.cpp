@@ -1,7 +1,10 @@
 #include "cpu/f32_gemm.h"
 
 #include <algorithm>
+#include <limits>
 #include <vector>
+
+#include <c10/util/Exception.h>
 
 #include "cpu/blas.h"
 #include "cpu/isa.h"
@@ -78,23 +81,12 @@ ATTNLAB_F32 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width
   }
 }
 
-// Where a product also finds its rows' largest visible values (f32_gemm_packed's row_max): 16
-// lanes of running maxima per row of C, and which columns each row sees.
-struct RowMaxLanes {
-  float* lanes;     // row i's at lanes + 16·i
-  int64_t visible;  // row i of the product sees its columns [0, visible + i)
-  int64_t col0;     // the first column of the register blocks being run
-};
-
 // One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
 // `last`). op(A)[r, p] is a[r·a_row + p·a_col]; the block's B row p starts at b + p·ldb.
-// max (or null): the running maxima of the product's rows from row0 on, which the block's
-// visible results join as they are stored (NaN skipped, as max_of16 skips it).
-template <int Rows, int Vecs, bool Max>
+template <int Rows, int Vecs>
 ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                               const float* b, int64_t ldb, float alpha, float beta, float* c,
-                              int64_t ldc, __mmask16 last, const RowMaxLanes* max,
-                              int64_t row0) {
+                              int64_t ldc, __mmask16 last) {
   __m512 acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r) {
     for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -109,38 +101,13 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
     }
   }
   const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
-  // With maxima: whether every row sees every column of the block (then no lane masks).
-  // (copied out of *max: the stores to C could otherwise alias it and force reloads)
-  [[maybe_unused]] bool whole = false;
-  [[maybe_unused]] float* max_lanes = nullptr;
-  [[maybe_unused]] int64_t seen0 = 0;  // the columns of this block that its first row sees
-  if constexpr (Max) {
-    max_lanes = max->lanes + row0 * kL;
-    seen0 = max->visible + row0 - max->col0;
-    whole = last == __mmask16(0xFFFF) && seen0 >= Vecs * kL;
-  }
   for (int r = 0; r < Rows; ++r) {
-    __m512 out[Vecs];
     for (int v = 0; v < Vecs; ++v) {
       const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
       float* cr = c + r * ldc + kL * v;
-      out[v] = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
-      if (beta != 0.0f) out[v] = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out[v]);
-      _mm512_mask_storeu_ps(cr, lanes, out[v]);
-    }
-    if constexpr (Max) {
-      float* lanes_r = max_lanes + r * kL;
-      __m512 row_max = _mm512_load_ps(lanes_r);
-      if (whole) {
-        for (int v = 0; v < Vecs; ++v) row_max = _mm512_max_ps(out[v], row_max);
-      } else {
-        for (int v = 0; v < Vecs; ++v) {
-          const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
-          row_max = _mm512_mask_max_ps(row_max, lanes & first_lanes(seen0 + r - kL * v), out[v],
-                                       row_max);
-        }
-      }
-      _mm512_store_ps(lanes_r, row_max);
+      __m512 out = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
+      if (beta != 0.0f) out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out);
+      _mm512_mask_storeu_ps(cr, lanes, out);
     }
   }
 }
@@ -148,27 +115,26 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
 // Not inlined: each instance is register-allocated on its own. Inlined into callers that hold
 // several instances and a loop over chunks of the sum, GCC kept the B vectors on the stack and
 // the attention forward ran at half speed.
-template <int Vecs, bool Max = false>
+template <int Vecs>
 ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, const float* a,
                                                         int64_t a_row,
                                      int64_t a_col, int64_t a_block, const float* b, int64_t ldb,
                                      float alpha, float beta, float* c, int64_t ldc,
-                                     __mmask16 last, const RowMaxLanes* max) {
+                                     __mmask16 last) {
   int64_t i0 = 0;
   const float* ai = a;  // op(A)'s rows from i0 (a_block apart per kRows rows)
   for (; i0 + kRows <= m; i0 += kRows, ai += a_block) {
-    block<kRows, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last,
-                            max, i0);
+    block<kRows, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last);
   }
   float* ci = c + i0 * ldc;
   switch (m - i0) {  // the remaining rows in one block of their own size
-#define ATTNLAB_TAIL_BLOCK(R)                                                                  \
-  case R:                                                                                      \
-    block<R, Vecs, Max>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last, max, i0);     \
-    break;
-    ATTNLAB_TAIL_BLOCK(7) ATTNLAB_TAIL_BLOCK(6) ATTNLAB_TAIL_BLOCK(5) ATTNLAB_TAIL_BLOCK(4)
-    ATTNLAB_TAIL_BLOCK(3) ATTNLAB_TAIL_BLOCK(2) ATTNLAB_TAIL_BLOCK(1)
-#undef ATTNLAB_TAIL_BLOCK
+    case 7: block<7, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 6: block<6, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 5: block<5, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 4: block<4, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 3: block<3, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 2: block<2, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+    case 1: block<1, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
     default: break;
   }
 }
@@ -194,11 +160,6 @@ ATTNLAB_F32 void pack_transposed_a(const float* a, int64_t lda, int64_t m, int64
   }
 }
 
-// C = alpha·op(A)·P (beta 0, one chunk of the sum) for Rows rows of C over every packed panel of
-// n columns, with the rows' maxima over their visible columns (f32_gemm_packed's row_max): the
-// panels run inside the row block, so that its Rows running maxima stay in registers instead
-// of 16 lanes per row loaded and stored again by every block (which cost the k = 64 scores
-// 8–10 % of their rate). The last panel's second vector is loaded under its lane mask.
 // One panel of rows_with_max: its products, stored, and joined to the rows' running maxima.
 template <int Rows>
 ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row, int64_t a_col,
@@ -230,11 +191,12 @@ ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row,
   }
 }
 
-// C = alpha·op(A)·P (beta 0, one chunk of the sum) for Rows rows of C over every packed panel of
-// n columns, with the rows' maxima over their visible columns (f32_gemm_packed's row_max): the
-// panels run inside the row block, so that its Rows running maxima stay in registers instead
-// of 16 lanes per row loaded and stored again by every block (which cost the k = 64 scores
-// 8–10 % of their rate). The last panel's second vector is loaded under its lane mask.
+// C = alpha·op(A)·P (beta 0) for Rows rows of C over every packed panel of n columns, with the
+// rows' maxima over their visible columns (f32_gemm_packed's row_max): the panels run inside the
+// row block, so that its Rows running maxima stay in registers (16 lanes per row kept in memory
+// instead, loaded and stored by every register block, cost the k = 64 scores 8–10 % of their
+// rate). For sums of one chunk (the scores' k is the head size). The last panel's second vector
+// is loaded under its lane mask.
 template <int Rows>
 ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
     int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* packed,
@@ -260,26 +222,16 @@ ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
 ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int64_t a_row,
                                       int64_t a_col, int64_t a_block, const float* panel,
                                       int64_t ldo, int64_t width, float alpha, float beta,
-                                      float* c, int64_t ldc, const RowMaxLanes* max = nullptr) {
-  const __mmask16 last = width == kVecs * kL ? __mmask16(0xFFFF)
-                         : width > kL         ? first_lanes(width - kL)
-                                              : first_lanes(width);
-  // (the maxima as separate instances: their epilogue slowed products without them)
-  if (width > kL) {
-    static_assert(kVecs == 2);
-    if (max != nullptr) {
-      column_block<2, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                            last, max);
-    } else {
-      column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc, last,
-                      nullptr);
-    }
-  } else if (max != nullptr) {
-    column_block<1, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc, last,
-                          max);
+                                      float* c, int64_t ldc) {
+  if (width == kVecs * kL) {
+    column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+                        __mmask16(0xFFFF));
+  } else if (width > kL) {
+    column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+                    first_lanes(width - kL));
   } else {
-    column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc, last,
-                    nullptr);
+    column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+                    first_lanes(width));
   }
 }
 
@@ -321,8 +273,9 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
                                         int64_t visible) {
   constexpr int64_t kCols = kVecs * kL;
   const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1, a_block = kRows * a_row;
-  // Scores (beta 0, one chunk of the sum): the row blocks keep their maxima in registers.
-  if (row_max != nullptr && k <= kChunk && beta == 0.0f) {
+  // (beta 0: f32_gemm_packed checks.) Sums longer than a chunk run the plain product, whose
+  // chunks round as every other product of these operands does, and then scan C.
+  if (row_max != nullptr && k <= kChunk) {
     const float* ai = a;
     for (int64_t i0 = 0; i0 < m; i0 += kRows, ai += a_block) {
       const int64_t vis = visible + i0;
@@ -342,29 +295,23 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
     }
     return;
   }
-  thread_local AlignedVector<float> lanes;  // per thread, grown as needed
-  RowMaxLanes max{nullptr, visible, 0};
-  if (row_max != nullptr) {
-    if (static_cast<int64_t>(lanes.size()) < m * kL) lanes.resize(m * kL);
-    std::fill(lanes.begin(), lanes.begin() + m * kL, -std::numeric_limits<float>::infinity());
-    max.lanes = lanes.data();
-  }
   for (int64_t j0 = 0; j0 < n; j0 += kCols) {
     const float* panel = packed + (j0 / kCols) * panel_stride;
     // The panel's row stride as packed (the last panel of packed_n columns may be narrower).
     const int64_t ldo = round_up(std::min(kCols, packed_n - j0), kL);
     const int64_t width = std::min(kCols, n - j0);
-    max.col0 = j0;
     for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
-      const bool final_chunk = p0 + kChunk >= k;  // (the maxima are of the finished sums)
       panel_product(m, std::min(kChunk, k - p0), a + p0 * a_col, a_row, a_col, a_block,
                     panel + (row0 + p0) * ldo, ldo, width, alpha, p0 == 0 ? beta : 1.0f,
-                    c + j0, ldc, row_max != nullptr && final_chunk ? &max : nullptr);
+                    c + j0, ldc);
     }
   }
   if (row_max != nullptr) {
     for (int64_t i = 0; i < m; ++i) {
-      row_max[i] = _mm512_reduce_max_ps(_mm512_load_ps(lanes.data() + i * kL));
+      const int64_t seen = std::clamp<int64_t>(visible + i, 0, n);
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < seen; ++j) best = c[i * ldc + j] > best ? c[i * ldc + j] : best;
+      row_max[i] = best;  // (NaN skipped: it compares false)
     }
   }
 }
@@ -479,6 +426,8 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
                      int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
                      int64_t row0, float beta, float* c, int64_t ldc, float* row_max,
                      int64_t visible) {
+  TORCH_CHECK(row_max == nullptr || beta == 0.0f,
+              "f32_gemm_packed: row_max is for products with beta = 0, got beta ", beta);
   if (m <= 0) return;
   if (n <= 0) {
     if (row_max != nullptr) {

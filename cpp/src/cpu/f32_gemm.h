@@ -37,9 +37,10 @@ void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
 // C[m×n] = alpha·op(A)·P + beta·C (f32_gemm's contract), where P is rows [row0, row0 + k) and
 // columns [0, n) of an op(B) of packed_k rows and packed_n columns packed by f32_pack_b, with
 // n <= packed_n and row0 + k <= packed_k. Only where f32_gemm_available(); k >= 1.
-// row_max (or null): also receives, for each row i of C, the largest of its columns
-// [0, clamp(visible + i, 0, n)) as the product stores them (NaN skipped; −inf for none), found
-// in registers instead of by another pass over C (the attention's scores and their row max).
+// row_max (or null; only with beta = 0, checked): also receives, for each row i of C, the
+// largest of its columns [0, clamp(visible + i, 0, n)) as the product stores them (NaN skipped;
+// −inf for none), found in registers instead of by another pass over C (the attention's scores
+// and their row max).
 void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
                      int64_t row0, float beta, float* c, int64_t ldc, float* row_max = nullptr,

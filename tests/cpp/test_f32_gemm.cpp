@@ -18,6 +18,7 @@
 
 #include "cpu/blas.h"
 #include "cpu/f32_gemm.h"
+#include "cpu/isa.h"
 
 namespace {
 
@@ -215,6 +216,65 @@ TEST(F32Gemm, PackedRowMaxIsTheMaxOfEachRowsVisibleColumns) {
   EXPECT_THROW(attnlab::cpu::f32_gemm_packed(false, 2, 2, 2, 1.0f, a.data(), 2, packed.data(), 2,
                                              2, 0, 0.5f, c.data(), 2, row_max.data()),
                c10::Error);
+}
+
+// Deferred zeros (f32_defer_zeros): regions of rows written by the products that run while they
+// are owed (part of them) and by f32_flush_zeros (the rest), exactly there and nowhere else; the
+// products' results bitwise those of the same products without zeros owed; misaligned or ragged
+// regions refused.
+TEST(F32Gemm, DeferredZerosAreWrittenExactlyWhereOwed) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_defer_zeros needs AVX-512";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  constexpr int64_t kLd = 96, kRows = 40;
+  // (first column, floats per row, rows) of two regions in one 64-byte-aligned buffer.
+  struct Region { int64_t col, count, rows; };
+  for (const int64_t k : {2, 64, 300, 2000}) {  // few steps (most zeros left to the flush) to many
+    attnlab::cpu::AlignedVector<float> memory(kLd * kRows, kNaN);
+    const Region regions[] = {{16, 80, 20}, {48, 32, 15}};
+    int64_t r0 = 0;
+    for (const Region& z : regions) {  // the second region starts below the first
+      attnlab::cpu::f32_defer_zeros(memory.data() + r0 * kLd + z.col, z.count, z.rows, kLd);
+      r0 += z.rows + 2;
+    }
+    const int64_t m = 19, n = 64;
+    std::vector<float> a(m * k), b(k * n), c(m * n), plain(m * n);
+    for (float& x : a) x = normal(rng);
+    for (float& x : b) x = normal(rng);
+    f32_gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    int64_t written = 0;  // zeros the product wrote
+    for (float x : memory) written += x == 0.0f;
+    attnlab::cpu::f32_flush_zeros();
+    attnlab::cpu::f32_flush_zeros();  // nothing left: a second flush writes nothing
+    f32_gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, plain.data(), n);
+    EXPECT_EQ(std::memcmp(c.data(), plain.data(), c.size() * sizeof(float)), 0) << "k " << k;
+    int64_t owed = 0, misplaced = 0;
+    r0 = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t col = 0; col < kLd; ++col) {
+        bool zero = false;
+        int64_t start = 0;
+        for (const Region& z : regions) {
+          zero = zero || (r >= start && r < start + z.rows && col >= z.col &&
+                          col < z.col + z.count);
+          start += z.rows + 2;
+        }
+        owed += zero;
+        const float x = memory[r * kLd + col];
+        misplaced += zero ? !(x == 0.0f) : !std::isnan(x);
+      }
+    }
+    EXPECT_EQ(misplaced, 0) << "k " << k;
+    // Each step of a sum over k writes at most one line in every block of 8 rows by 32 columns
+    // (3 of them per 32 columns here, 2 column panels).
+    EXPECT_LE(written, (k / 2) * 3 * 2 * 16) << "k " << k;
+    if (k >= 300) EXPECT_EQ(written, owed) << "k " << k;  // enough steps: none left to the flush
+    if (k == 2) EXPECT_LT(written, owed);
+  }
+  alignas(64) float line[48];
+  EXPECT_THROW(attnlab::cpu::f32_defer_zeros(line + 1, 16), c10::Error);
+  EXPECT_THROW(attnlab::cpu::f32_defer_zeros(line, 8), c10::Error);
+  EXPECT_THROW(attnlab::cpu::f32_defer_zeros(line, 16, 2, 8), c10::Error);
 }
 
 TEST(F32Gemm, AttentionAndEncoderShapesMatchFloat64) {

@@ -103,3 +103,34 @@ def test_gradients_with_pooled_weights(shape):
     theirs = torch.autograd.grad(out_d, (qd, kd, vd), grad.double())
     for a, b in zip(mine, theirs):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("len_q, len_k", [(512, 512), (384, 512), (512, 528), (300, 520)])
+def test_causal_zeros_over_a_poisoned_buffer(threads, len_q, len_k):
+    # Under the causal mask a query block's zeros past its last visible key are written while
+    # the thread's later products run, and the rest when its share of the work ends: over a
+    # reused buffer full of NaN every one of them must be there when the call returns.
+    # (L_k a multiple of 16 takes that route; 520 writes them with the rows.)
+    shape_q, shape_k = (3, 2, len_q, 32), (3, 2, len_k, 32)
+    poison_shape = (3, 2, len_q, len_k)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q, _, _ = inputs(8, shape_q)
+        _, k, v = inputs(9, shape_k)
+        # As many buffers of this size as the pool keeps (it keeps 4), all NaN, all freed.
+        poisoned = [attnlab.scaled_dot_product_attention(q, k, v, need_weights=True)[1]
+                    for _ in range(4)]
+        for w in poisoned:
+            assert w.shape == poison_shape
+            w.fill_(float("nan"))
+        addresses = {w.data_ptr() for w in poisoned}
+        del poisoned, w
+        _, w = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True, is_causal=True)
+        assert w.data_ptr() in addresses  # the pool handed a NaN buffer back: the case tested
+        check(w, q, k, v, is_causal=True)
+        hidden = torch.ones(len_q, len_k, dtype=torch.bool).triu(len_k - len_q + 1)
+        assert (w.masked_select(hidden) == 0).all()
+    finally:
+        torch.set_num_threads(previous)

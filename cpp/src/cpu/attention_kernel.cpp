@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -27,6 +28,16 @@ constexpr int64_t kBackwardQueryBlock = 64;
 // Rows per group where the causal mask cuts a forward key block (forward_online).
 constexpr int64_t kCausalRowGroup = 16;
 constexpr int64_t kBackwardKeyBlock = 128;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+// The zeros a forward task deferred (f32_defer_zeros) written when it ends, by return or by
+// exception.
+struct ZerosFlushed {
+  ~ZerosFlushed() {
+    if (f32_gemm_available()) f32_flush_zeros();
+  }
+};
 // Query rows per step of the backward where the causal mask cuts a key block (its diagonal):
 // each step computes only the keys its last row sees, so smaller steps leave less of the hidden
 // triangle computed (64-row steps computed 12 % more than the visible pairs at L = 512).
@@ -393,6 +404,17 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   if (unnormalized_pv && kv_end > 0) scale_rows(out, rows, p.dim_v, p.dim_v, scratch);
   if constexpr (std::is_same_v<T, float>) {
     if (block != nullptr) {  // (only where can_stream_rows: weights_through_buffer)
+      // Under the causal mask each row's zeros past kv_end (most of a row in the early query
+      // blocks) are left to this thread's later products to write as they run (f32_defer_zeros;
+      // the forward's tasks flush them), where streamed here they cost their full memory time:
+      // whole lines only, from the first line boundary past kv_end.
+      const int64_t zeros_from = round_up(kv_end, kLanes<float>);
+      if (p.causal && zeros_from < p.len_k && p.len_k % kLanes<float> == 0 &&
+          reinterpret_cast<uintptr_t>(weights) % 64 == 0 && f32_gemm_available()) {
+        stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end, zeros_from, scratch);
+        f32_defer_zeros(dst + zeros_from, p.len_k - zeros_from, rows, p.len_k);
+        return;
+      }
       stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end, p.len_k, scratch);
       return;
     }
@@ -489,6 +511,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   }
   at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
     SequentialBlasScope sequential_blas;
+    ZerosFlushed zeros_flushed;  // the weights' deferred zeros written before the task ends
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q), known_max(block_q);
     AlignedVector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
     AlignedVector<T> weights_block(

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <limits>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include <c10/util/Exception.h>
@@ -81,15 +83,69 @@ ATTNLAB_F32 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width
   }
 }
 
+// Zero stores owed by this thread (f32_defer_zeros): regions of rows of whole 64-byte lines,
+// written one line every kZeroEvery steps of the products' sums (block<..., true>) and the rest
+// by f32_flush_zeros.
+struct ZeroRegion {
+  float* first;
+  int64_t row_lines, rows, ld;  // rows of row_lines lines each, ld floats apart
+};
+struct DeferredZeros {
+  std::vector<ZeroRegion> regions;  // taken in order
+  size_t next = 0;
+  // The region being written: its next line, the lines left in that row and the rows left
+  // after it.
+  ZeroRegion current{};
+  float* at = nullptr;
+  int64_t lines = 0, rows = 0;
+  bool pending() const { return lines > 0 || next < regions.size(); }
+  // The next line to write (at, lines > 0), or none left.
+  void refill() {
+    while (lines == 0) {
+      if (rows > 0) {
+        at += current.ld - current.row_lines * kL;
+        lines = current.row_lines;
+        --rows;
+      } else if (next < regions.size()) {
+        current = regions[next++];
+        at = current.first;
+        lines = current.row_lines;
+        rows = current.rows - 1;
+      } else {
+        regions.clear();  // all taken: the storage is reused
+        next = 0;
+        return;
+      }
+    }
+  }
+};
+thread_local DeferredZeros deferred_zeros;
+// Measured on one Intel Xeon (AMX) core with the causal weights' zeros of (8, 2048, 2048): the
+// P·V products of 16-row groups took 14.0 ms alone, 17.6 with the zeros streamed after each
+// query block, 14.7–15.2 with a line every other step.
+constexpr int64_t kZeroEvery = 2;
+
 // One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
 // `last`). op(A)[r, p] is a[r·a_row + p·a_col]; the block's B row p starts at b + p·ldb.
-template <int Rows, int Vecs>
+// Zeros: whether it also writes owed zero lines (DeferredZeros) as its sum runs.
+template <int Rows, int Vecs, bool Zeros>
 ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                               const float* b, int64_t ldb, float alpha, float beta, float* c,
                               int64_t ldc, __mmask16 last) {
   __m512 acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r) {
     for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  float* zero_at = nullptr;
+  int64_t zero_lines = 0, zero_rows = 0, zero_skip = 0, zero_row_lines = 0;
+  if constexpr (Zeros) {
+    DeferredZeros& z = deferred_zeros;
+    z.refill();
+    zero_at = z.at;
+    zero_lines = z.lines;
+    zero_rows = z.rows;
+    zero_row_lines = z.current.row_lines;
+    zero_skip = z.current.ld - zero_row_lines * kL;  // from a row's end to the next one's
   }
   for (int64_t p = 0; p < k; ++p) {
     __m512 bv[Vecs];
@@ -99,6 +155,22 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
       const __m512 av = _mm512_set1_ps(ap[r * a_row]);
       for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
+    if constexpr (Zeros) {
+      if (p % kZeroEvery == kZeroEvery - 1 && zero_lines > 0) {
+        _mm512_stream_ps(zero_at, _mm512_setzero_ps());
+        zero_at += kL;
+        if (--zero_lines == 0 && zero_rows > 0) {  // on to the region's next row
+          zero_at += zero_skip;
+          zero_lines = zero_row_lines;
+          --zero_rows;
+        }
+      }
+    }
+  }
+  if constexpr (Zeros) {
+    deferred_zeros.at = zero_at;
+    deferred_zeros.lines = zero_lines;
+    deferred_zeros.rows = zero_rows;
   }
   const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
   for (int r = 0; r < Rows; ++r) {
@@ -115,7 +187,7 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
 // Not inlined: each instance is register-allocated on its own. Inlined into callers that hold
 // several instances and a loop over chunks of the sum, GCC kept the B vectors on the stack and
 // the attention forward ran at half speed.
-template <int Vecs>
+template <int Vecs, bool Zeros = false>
 ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, const float* a,
                                                         int64_t a_row,
                                      int64_t a_col, int64_t a_block, const float* b, int64_t ldb,
@@ -124,17 +196,18 @@ ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, co
   int64_t i0 = 0;
   const float* ai = a;  // op(A)'s rows from i0 (a_block apart per kRows rows)
   for (; i0 + kRows <= m; i0 += kRows, ai += a_block) {
-    block<kRows, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc, last);
+    block<kRows, Vecs, Zeros>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc,
+                              last);
   }
   float* ci = c + i0 * ldc;
   switch (m - i0) {  // the remaining rows in one block of their own size
-    case 7: block<7, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 6: block<6, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 5: block<5, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 4: block<4, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 3: block<3, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 2: block<2, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
-    case 1: block<1, Vecs>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); break;
+#define ATTNLAB_TAIL_BLOCK(R)                                                                \
+  case R:                                                                                  \
+    block<R, Vecs, Zeros>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); \
+    break;
+    ATTNLAB_TAIL_BLOCK(7) ATTNLAB_TAIL_BLOCK(6) ATTNLAB_TAIL_BLOCK(5) ATTNLAB_TAIL_BLOCK(4)
+    ATTNLAB_TAIL_BLOCK(3) ATTNLAB_TAIL_BLOCK(2) ATTNLAB_TAIL_BLOCK(1)
+#undef ATTNLAB_TAIL_BLOCK
     default: break;
   }
 }
@@ -224,8 +297,13 @@ ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int6
                                       int64_t ldo, int64_t width, float alpha, float beta,
                                       float* c, int64_t ldc) {
   if (width == kVecs * kL) {
-    column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
-                        __mmask16(0xFFFF));
+    if (deferred_zeros.pending()) {
+      column_block<kVecs, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+                                __mmask16(0xFFFF));
+    } else {
+      column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+                          __mmask16(0xFFFF));
+    }
   } else if (width > kL) {
     column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
                     first_lanes(width - kL));
@@ -407,6 +485,24 @@ ATTNLAB_F32 void f32_narrow_rows_avx512(const float* src, int64_t rows, int64_t 
 
 bool f32_gemm_available() { return has_avx512_core(); }
 
+void f32_defer_zeros(float* dst, int64_t count, int64_t rows, int64_t ld) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(dst) % 64 == 0 && count % kL == 0 && ld % kL == 0 &&
+                  (rows <= 1 || ld >= count),
+              "f32_defer_zeros: needs rows of whole 64-byte lines, got ", rows, " rows of ",
+              count, " floats, ", ld, " apart, at ", static_cast<const void*>(dst));
+  if (count > 0 && rows > 0) deferred_zeros.regions.push_back({dst, count / kL, rows, ld});
+}
+
+ATTNLAB_F32 void f32_flush_zeros_avx512() {
+  DeferredZeros& z = deferred_zeros;
+  for (z.refill(); z.lines > 0; z.refill()) {  // a row (or what is left of it) at a time
+    for (; z.lines > 0; --z.lines, z.at += kL) _mm512_stream_ps(z.at, _mm512_setzero_ps());
+  }
+  _mm_sfence();
+}
+
+void f32_flush_zeros() { f32_flush_zeros_avx512(); }
+
 void f32_narrow_rows(const float* src, int64_t rows, int64_t cols, bool bf16, uint16_t* dst,
                      int64_t ld) {
   f32_narrow_rows_avx512(src, rows, cols, bf16, dst, ld);
@@ -442,6 +538,12 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
 #else
 
 bool f32_gemm_available() { return false; }
+
+void f32_defer_zeros(float*, int64_t, int64_t, int64_t) {
+  TORCH_CHECK(false, "f32_defer_zeros: needs f32_gemm_available()");
+}
+
+void f32_flush_zeros() {}
 
 void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
 

@@ -46,6 +46,17 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
                      int64_t row0, float beta, float* c, int64_t ldc, float* row_max = nullptr,
                      int64_t visible = std::numeric_limits<int64_t>::max() / 4);
 
+// Zeros that this thread owes memory but nothing reads before the calling operator returns (the
+// causal weights beyond the keys a query block sees): f32_defer_zeros records them, and this
+// thread's float32 products then write them with non-temporal stores, a 64-byte line every other
+// step of their sums, so that the writes overlap the arithmetic instead of following it.
+// f32_flush_zeros writes whatever is left and fences; call it before the memory is read or
+// freed (the thread's share of the operator's work done, exceptions included). The zeros:
+// `count` floats at dst + r·ld for each r < rows; dst 64-byte aligned, count and ld multiples
+// of 16. Only where f32_gemm_available().
+void f32_defer_zeros(float* dst, int64_t count, int64_t rows = 1, int64_t ld = 0);
+void f32_flush_zeros();
+
 // dst[r·cols + c] = float(src[r·ld + c]) for rows × cols float16 (bfloat16 when `bf16`) values
 // given as their bits. Only where f32_gemm_available().
 void f32_widen_rows(const uint16_t* src, int64_t ld, int64_t rows, int64_t cols, bool bf16,

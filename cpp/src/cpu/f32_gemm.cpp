@@ -233,6 +233,13 @@ ATTNLAB_F32 void pack_transposed_a(const float* a, int64_t lda, int64_t m, int64
   }
 }
 
+// The largest of 16 lanes. GCC 12's AVX-512 reductions (and casts and shuffles) merge into a
+// vector left uninitialized on purpose and warn about it wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+ATTNLAB_F32_INLINE float max_of_lanes(__m512 x) { return _mm512_reduce_max_ps(x); }
+#pragma GCC diagnostic pop
+
 // One panel of rows_with_max: its products, stored, and joined to the rows' running maxima.
 template <int Rows>
 ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row, int64_t a_col,
@@ -287,7 +294,7 @@ ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
     panel_with_max<Rows>(k, a, a_row, a_col, b, ldb, first_lanes(width), first_lanes(width - kL),
                          alpha, c + j0, ldc, seen0, width == kCols && seen0 >= kCols, max);
   }
-  for (int r = 0; r < Rows; ++r) row_max[r] = _mm512_reduce_max_ps(max[r]);
+  for (int r = 0; r < Rows; ++r) row_max[r] = max_of_lanes(max[r]);
 }
 
 // C[:, 0 : width] = alpha·op(A)·P + beta·C for a packed panel P of width <= kVecs·16 columns

@@ -1,8 +1,8 @@
 #include "cpu/f32_gemm.h"
 
 #include <algorithm>
-#include <limits>
 #include <cstdint>
+#include <limits>
 #include <utility>
 #include <vector>
 

@@ -28,16 +28,6 @@ constexpr int64_t kBackwardQueryBlock = 64;
 // Rows per group where the causal mask cuts a forward key block (forward_online).
 constexpr int64_t kCausalRowGroup = 16;
 constexpr int64_t kBackwardKeyBlock = 128;
-
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
-
-// The zeros a forward task deferred (f32_defer_zeros) written when it ends, by return or by
-// exception.
-struct ZerosFlushed {
-  ~ZerosFlushed() {
-    if (f32_gemm_available()) f32_flush_zeros();
-  }
-};
 // Query rows per step of the backward where the causal mask cuts a key block (its diagonal):
 // each step computes only the keys its last row sees, so smaller steps leave less of the hidden
 // triangle computed (64-row steps computed 12 % more than the visible pairs at L = 512).
@@ -65,6 +55,12 @@ int64_t weights_query_block(int64_t len_q, int64_t len_k) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The zeros a forward task deferred (f32_defer_zeros) written when it ends, by return or by
+// exception.
+struct ZerosFlushed {
+  ~ZerosFlushed() { f32_flush_zeros(); }
+};
 
 // The blocked paths' GEMMs: gemm's contract, on bfloat16 products when the problem says its
 // operands are bfloat16 and the CPU has AVX512-BF16 (bf16_gemm), else on T. No size threshold:
@@ -408,14 +404,12 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
       // blocks) are left to this thread's later products to write as they run (f32_defer_zeros;
       // the forward's tasks flush them), where streamed here they cost their full memory time:
       // whole lines only, from the first line boundary past kv_end.
-      const int64_t zeros_from = round_up(kv_end, kLanes<float>);
-      if (p.causal && zeros_from < p.len_k && p.len_k % kLanes<float> == 0 &&
-          reinterpret_cast<uintptr_t>(weights) % 64 == 0 && f32_gemm_available()) {
-        stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end, zeros_from, scratch);
-        f32_defer_zeros(dst + zeros_from, p.len_k - zeros_from, rows, p.len_k);
-        return;
-      }
-      stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end, p.len_k, scratch);
+      const int64_t zeros_from = ceil_div(kv_end, kLanes<float>) * kLanes<float>;
+      const bool defer = p.causal && zeros_from < p.len_k && p.len_k % kLanes<float> == 0 &&
+                         reinterpret_cast<uintptr_t>(weights) % 64 == 0 && f32_gemm_available();
+      stream_scaled_rows(block, p.len_k, dst, p.len_k, rows, kv_end,
+                         defer ? zeros_from : p.len_k, scratch);
+      if (defer) f32_defer_zeros(dst + zeros_from, p.len_k - zeros_from, rows, p.len_k);
       return;
     }
   }

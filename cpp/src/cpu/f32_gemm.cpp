@@ -508,7 +508,9 @@ ATTNLAB_F32 void f32_flush_zeros_avx512() {
   _mm_sfence();
 }
 
-void f32_flush_zeros() { f32_flush_zeros_avx512(); }
+void f32_flush_zeros() {
+  if (f32_gemm_available()) f32_flush_zeros_avx512();  // (nothing can be owed elsewhere)
+}
 
 void f32_narrow_rows(const float* src, int64_t rows, int64_t cols, bool bf16, uint16_t* dst,
                      int64_t ld) {

@@ -53,7 +53,8 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
 // f32_flush_zeros writes whatever is left and fences; call it before the memory is read or
 // freed (the thread's share of the operator's work done, exceptions included). The zeros:
 // `count` floats at dst + r·ld for each r < rows; dst 64-byte aligned, count and ld multiples
-// of 16. Only where f32_gemm_available().
+// of 16. f32_defer_zeros only where f32_gemm_available(); f32_flush_zeros anywhere (a no-op
+// where nothing can be owed).
 void f32_defer_zeros(float* dst, int64_t count, int64_t rows = 1, int64_t ld = 0);
 void f32_flush_zeros();
 

@@ -15,6 +15,7 @@
 #include "cpu/isa.h"
 #include "cpu/small_attention.h"
 #include "cpu/softmax_rows.h"
+#include "cpu/task_ranges.h"
 #include "cpu/vec_math.h"
 
 namespace attnlab::cpu {
@@ -488,8 +489,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
   if (small) {
     // No BLAS and none of the blocked path's per-chunk buffers (without weights those include
     // 64 KiB of zero-filled scores per chunk, which the small kernel never reads).
-    at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
+    parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
+      for (int64_t task = next_task(); task >= 0; task = next_task()) {
         const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
         const int64_t rows = std::min(block_q, p.len_q - i0);
         small_attention_rows(rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
@@ -503,7 +504,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
     });
     return;
   }
-  at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
     SequentialBlasScope sequential_blas;
     ZerosFlushed zeros_flushed;  // the weights' deferred zeros written before the task ends
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q), known_max(block_q);
@@ -518,7 +519,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
     // With output16 each block's rows are made here and rounded into it (instead of a float32
     // output that torch's copy rounded afterwards: 7 % of a bfloat16 (8, 8, 512, 64) forward).
     AlignedVector<T> out_rows(output16 != nullptr ? block_q * p.dim_v : 0);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = next_task(); task >= 0; task = next_task()) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
       const AttentionProblem<T>* head = &p;
       PackedHead packed{};
@@ -580,8 +581,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
 
   if (small) {
     // The kernel takes the deltas from its own P and dP (no pass over dO and O).
-    at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
+    parallel_tasks(p.batch, [&](const auto& next_task) {
+      for (int64_t b = next_task(); b >= 0; b = next_task()) {
         const int64_t rows = b * p.len_q;
         small_attention_backward(
             p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride, p.key.row(b, 0),
@@ -617,7 +618,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   const int64_t dq_size = p.batch * p.len_q * E;
   std::vector<T> dq_parts((chunks - 1) * dq_size, T(0));
 
-  at::parallel_for(0, p.batch * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(p.batch * chunks, [&](const auto& next_task) {
     SequentialBlasScope sequential_blas;
     AlignedVector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
     AlignedVector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
@@ -647,7 +648,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
       }
       block_gemm(p, false, trans_b, rows, n, k, alpha, a, lda, b_rows, ldb, beta, c, ldc);
     };
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = next_task(); task >= 0; task = next_task()) {
       const int64_t b = task / chunks, chunk = task % chunks;
       T* dq = (chunk == 0 ? grad_query : dq_parts.data() + (chunk - 1) * dq_size) +
               b * p.len_q * E;

@@ -14,6 +14,7 @@
 #include "cpu/isa.h"
 #include "cpu/small_sparse_attention.h"
 #include "cpu/softmax_rows.h"
+#include "cpu/task_ranges.h"
 
 namespace attnlab::cpu {
 
@@ -726,8 +727,8 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   if (small_sparse_fits<T>(alpha, p.len_k, p.dim_qk, p.dim_v)) {
     // Every key in one vector (the tutorials' L = 10 and 16): whole rows in registers.
-    at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t task = begin; task < end; ++task) {
+    parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
+      for (int64_t task = next_task(); task >= 0; task = next_task()) {
         const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
         const int64_t rows = std::min(block_q, p.len_q - i0);
         small_sparse_rows(alpha, rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
@@ -742,7 +743,7 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
     return;
   }
   const int64_t ld = round_up(std::max<int64_t>(p.len_k, 1), kLanes<T>);
-  at::parallel_for(0, p.batch * q_blocks, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
     SequentialBlasScope sequential_blas;
     // Scores (unless they go straight into the weights), s for the dense path, the support
     // lists (at most every score) and one row's scratch.
@@ -755,7 +756,7 @@ void sparse_attention_forward(const AttentionProblem<T>& p, double alpha, T* out
     const SupportLists<T> lists{list_index.data(), list_p.data(), list_s.data(),
                                 start.data(),      count.data(),  state.data()};
     const RowScratch<T> scratch{cand.data(), cand_key.data(), work.data()};
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = next_task(); task >= 0; task = next_task()) {
       const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
       const int64_t rows = std::min(block_q, p.len_q - i0);
       const int64_t kv_end = key_end(p, i0, rows);
@@ -845,8 +846,8 @@ void sparse_attention_backward(const AttentionProblem<T>& p, double alpha,
   });
 
   if (small) {
-    at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t b = begin; b < end; ++b) {
+    parallel_tasks(p.batch, [&](const auto& next_task) {
+      for (int64_t b = next_task(); b >= 0; b = next_task()) {
         const int64_t rows = b * p.len_q;
         small_sparse_backward(
             alpha, p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride,
@@ -870,12 +871,12 @@ void sparse_attention_backward(const AttentionProblem<T>& p, double alpha,
   const int64_t dq_size = p.batch * p.len_q * E;
   std::vector<T> dq_parts((chunks - 1) * dq_size, T(0));
 
-  at::parallel_for(0, p.batch * chunks, 1, [&](int64_t begin, int64_t end) {
+  parallel_tasks(p.batch * chunks, [&](const auto& next_task) {
     SequentialBlasScope sequential_blas;
     constexpr int64_t ld = kBackwardKeyBlock;
     std::vector<T> probs(weights ? 0 : kBackwardQueryBlock * ld);
     std::vector<T> support(kBackwardQueryBlock * ld), dprobs(kBackwardQueryBlock * ld);
-    for (int64_t task = begin; task < end; ++task) {
+    for (int64_t task = next_task(); task >= 0; task = next_task()) {
       const int64_t b = task / chunks, chunk = task % chunks;
       T* dq = (chunk == 0 ? grad_query : dq_parts.data() + (chunk - 1) * dq_size) +
               b * p.len_q * E;

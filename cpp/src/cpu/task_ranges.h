@@ -71,7 +71,10 @@ class TaskRanges {
 template <typename Body>
 void parallel_tasks(int64_t tasks, const Body& body) {
   if (tasks <= 0) return;
-  const int64_t parts = std::min<int64_t>(at::get_num_threads(), tasks);
+  // Within another parallel region (the encoder block's chunks call the attention)
+  // at::parallel_for runs inline: one part then takes every task in order.
+  const int64_t parts =
+      at::in_parallel_region() ? 1 : std::min<int64_t>(at::get_num_threads(), tasks);
   TaskRanges ranges(tasks, parts);
   at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part) {

@@ -24,7 +24,9 @@ def build_info() -> dict:
     FMAs; ``"float32"``: widened, where the CPU lacks AVX512-BF16 or its products are no faster;
     ``ATTNLAB_CPU_BF16_PRODUCTS=1`` or ``0`` forces them on or off), and
     ``cpu_bf16_product_speedup``: the multiply-add rate of vdpbf16ps over float32 FMAs on this
-    CPU, measured once at run time (0 without AVX512-BF16)."""
+    CPU, measured once at run time (0 without AVX512-BF16), and ``cpu_float32_products``:
+    ``"avx512"`` where float32 products run in attnlab's own AVX-512 GEMM (the fused encoder
+    block's results are then bitwise the same for every thread count), else ``"blas"``."""
     return _C.build_info()
 
 

@@ -7,6 +7,8 @@ import copy
 import pytest
 import torch
 
+import attnlab
+
 from attnlab.nn import EncoderBlock, TransformerEncoder
 from reference import tutorial_block
 
@@ -197,8 +199,9 @@ def test_bad_inputs(call, message):
 
 
 def test_thread_counts_agree():
-    # Each thread runs the block on its share of the batch; the parameters' gradients add the
-    # shares, so they agree across thread counts to rounding, the rest exactly per row.
+    # Each thread runs the block on its share of the batch, and then sums the parameters'
+    # gradients of its share of their features over all rows. In float64 the products go to
+    # the BLAS or a small kernel by size, so the shares may round differently.
     block = random_block(16, 4, 24, norm_first=False)
     x = torch.randn(9, 6, 16, dtype=torch.float64, requires_grad=True)
     grad = torch.randn(9, 6, 16, dtype=torch.float64)
@@ -214,3 +217,41 @@ def test_thread_counts_agree():
     for other in results[1:]:
         for got, want in zip(other, results[0]):
             torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(attnlab.build_info()["cpu_float32_products"] != "avx512",
+                    reason="float32 products go to the BLAS on this CPU, whose rounding may "
+                           "depend on a product's size")
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+@pytest.mark.parametrize("need_input_grad", [True, False], ids=["dx", "no dx"])
+@pytest.mark.parametrize("shape", [(37, 7, 64, 4, 96), (600, 7, 16, 2, 24)],
+                         ids=["B37", "4200 rows"])
+def test_float32_bitwise_the_same_for_every_thread_count_and_call(norm_first, need_input_grad,
+                                                                    shape):
+    # The threads' shares of the batch (forward, and the backward's first pass) and of the
+    # parameters' features (its second pass) follow how fast each thread ran its last parts, so
+    # they change from call to call; what a row or a feature computes does not. Before the
+    # backward summed every feature over all rows in one order, the parameters' gradients of 2
+    # threads differed from those of 1 in the last bits.
+    # 4200 rows: the parameters' gradients sum more rows than one product of f32_gemm takes.
+    batch, length, dim, heads, dim_ff = shape
+    block = random_block(dim, heads, dim_ff, norm_first, dtype=torch.float32)
+    x = torch.randn(batch, length, dim, requires_grad=need_input_grad)
+    grad = torch.randn(batch, length, dim)
+    mask = masks(batch, heads, length)["bool [B, H, L, L]"]
+    inputs = ([x] if need_input_grad else []) + list(block.parameters())
+    previous = torch.get_num_threads()
+    results = []
+    try:
+        for threads in (1, 2, 3, 2):
+            torch.set_num_threads(threads)
+            for _ in range(4):
+                out = fused(block, x, mask)
+                results.append((threads, out, *torch.autograd.grad(out, inputs, grad)))
+    finally:
+        torch.set_num_threads(previous)
+    first = results[0]
+    for other in results[1:]:
+        for i, (got, want) in enumerate(zip(other[1:], first[1:])):
+            assert torch.equal(got, want), (
+                f"{other[0]} threads, result {i}: max difference {(got - want).abs().max()}")

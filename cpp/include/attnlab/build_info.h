@@ -21,6 +21,11 @@ BuildInfo build_info();
 // products on (where the CPU has AVX512-BF16) or off.
 std::string cpu_bf16_products();
 
+// Where this CPU runs float32 products, decided at run time: "avx512" (attnlab's own GEMM, on
+// CPUs with AVX-512 F/BW/VL/DQ; a row's or column's result then does not depend on how a product
+// is split into blocks or among threads) or "blas" (the BLAS torch links).
+std::string cpu_float32_products();
+
 // The multiply-add rate of vdpbf16ps over that of float32 FMAs on this CPU, measured once by a
 // register-only probe (0 without AVX512-BF16): about 2 on an AMD Zen 4, 0.5 on an Intel Xeon
 // (Emerald Rapids).

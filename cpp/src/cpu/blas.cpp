@@ -41,8 +41,7 @@ constexpr int64_t kPackedBytes = 32 * 1024;
 //   8×8×8 8.4 → 12.9 (2×3×5 ties at 0.03-0.04 µs);
 //   long sums: 256×256×4096 Aᵀ·B 94 → 96, but 128×128×16384 Aᵀ·B 83 → 60 (op(A) is broadcast
 //   from A's rows, one cache line per step of the sum, and the 32-column panel of B outgrows
-//   the L2 cache), so k above this stays with BLAS.
-constexpr int64_t kF32GemmMaxK = 4096;
+//   the L2 cache), so k above kF32GemmMaxK (blas.h) stays with BLAS.
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -17,6 +17,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
+// float32 products whose sums are longer than this go to the BLAS even where f32_gemm runs
+// (blas.cpp has the measurements); up to it, each element of C rounds the same whatever the
+// product's other sizes.
+inline constexpr int64_t kF32GemmMaxK = 4096;
+
 // The BLAS call behind gemm (the Fortran sgemm_ that torch links), whatever the size: f32_gemm's
 // fallback, and the baseline it is measured against.
 void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,

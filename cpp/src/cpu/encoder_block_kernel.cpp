@@ -1,16 +1,17 @@
 #include "cpu/encoder_block_kernel.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <memory>
-#include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include <ATen/Parallel.h>
 
 #include "cpu/blas.h"
+#include "cpu/f32_gemm.h"
 #include "cpu/isa.h"
+#include "cpu/thread_shares.h"
 
 namespace attnlab::cpu {
 namespace {
@@ -62,28 +63,32 @@ void linear(int64_t rows, int64_t in, int64_t out, const T* x, const T* weight, 
   gemm(false, true, rows, out, in, T(1), x, in, weight, in, T(1), y, out);
 }
 
-// out[c] = Σ_r x[r, c].
+// out[c] = Σ_r x[r·ld + c] for c < cols, the rows summed in order.
 template <typename T>
-ATTNLAB_ISA_CLONES void column_sums(int64_t rows, int64_t cols, const T* x, T* out) {
+ATTNLAB_ISA_CLONES void column_sums(int64_t rows, int64_t cols, int64_t ld, const T* x, T* out) {
   std::fill(out, out + cols, T(0));
   for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * cols;
+    const T* xr = x + r * ld;
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) out[c] += xr[c];
   }
 }
 
-// For Y = X·Wᵀ + b: dW = dYᵀ·X, db = Σ_rows dY, and dX = dY·W (+ dX when accumulate), unless
-// grad_x is null.
+// For Y = X·Wᵀ + b over rows, W [out, in], the parameters' gradients of output features
+// [o0, o1): dW[o0:o1] = dY[:, o0:o1]ᵀ·X, db[o0:o1] = Σ_rows dY[:, o0:o1]. Each element sums the
+// rows in order, whatever the feature range: in blocks of at most kF32GemmMaxK rows, the
+// longest sum f32_gemm takes (the BLAS's rounding may depend on the range).
 template <typename T>
-void linear_backward(int64_t rows, int64_t in, int64_t out, const T* grad_y, const T* x,
-                     const T* weight, T* grad_x, bool accumulate, T* grad_weight, T* grad_bias) {
-  gemm(true, false, out, in, rows, T(1), grad_y, out, x, in, T(0), grad_weight, in);
-  column_sums(rows, out, grad_y, grad_bias);
-  if (grad_x) {
-    gemm(false, false, rows, in, out, T(1), grad_y, out, weight, in, accumulate ? T(1) : T(0),
-         grad_x, in);
+void linear_param_grads(int64_t rows, int64_t in, int64_t out, int64_t o0, int64_t o1,
+                        const T* grad_y, const T* x, T* grad_weight, T* grad_bias) {
+  if (o0 >= o1) return;
+  for (int64_t r0 = 0; r0 < rows; r0 += kF32GemmMaxK) {
+    gemm(true, false, o1 - o0, in, std::min(kF32GemmMaxK, rows - r0), T(1),
+         grad_y + r0 * out + o0, out, x + r0 * in, in, r0 == 0 ? T(0) : T(1),
+         grad_weight + o0 * in, in);
   }
+  if (rows == 0) std::fill(grad_weight + o0 * in, grad_weight + o1 * in, T(0));
+  column_sums(rows, o1 - o0, out, grad_y + o0, grad_bias + o0);
 }
 
 // LayerNorm of the rows v = a + b + bias (b and bias both given or both null): xhat = (v − mean)·rstd,
@@ -123,14 +128,11 @@ ATTNLAB_ISA_CLONES void layer_norm_rows(int64_t rows, int64_t cols, const T* a, 
 
 // LayerNorm backward from dout = ∂L/∂out: with g = dout·weight,
 // dv = rstd·(g − mean(g) − xhat·mean(g·xhat)), written to grad_in, or added to it when
-// accumulate; grad_weight = Σ dout·xhat, grad_shift = Σ dout. grad_in may alias dout.
+// accumulate. grad_in may alias dout.
 template <typename T>
 ATTNLAB_ISA_CLONES void layer_norm_backward_rows(int64_t rows, int64_t cols, const T* dout,
                                                  const T* xhat, const T* rstd, const T* weight,
-                                                 T* grad_in, bool accumulate, T* grad_weight,
-                                                 T* grad_shift) {
-  std::fill(grad_weight, grad_weight + cols, T(0));
-  std::fill(grad_shift, grad_shift + cols, T(0));
+                                                 T* grad_in, bool accumulate) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* dr = dout + r * cols;
     const T* xr = xhat + r * cols;
@@ -140,8 +142,6 @@ ATTNLAB_ISA_CLONES void layer_norm_backward_rows(int64_t rows, int64_t cols, con
       const T g = dr[c] * weight[c];
       g_sum += g;
       gx_sum += g * xr[c];
-      grad_weight[c] += dr[c] * xr[c];
-      grad_shift[c] += dr[c];
     }
     const T g_mean = g_sum / cols, gx_mean = gx_sum / cols, inv = rstd[r];
     T* gr = grad_in + r * cols;
@@ -149,6 +149,25 @@ ATTNLAB_ISA_CLONES void layer_norm_backward_rows(int64_t rows, int64_t cols, con
     for (int64_t c = 0; c < cols; ++c) {
       const T d = inv * (dr[c] * weight[c] - g_mean - xr[c] * gx_mean);
       gr[c] = accumulate ? gr[c] + d : d;
+    }
+  }
+}
+
+// The LayerNorm's parameters' gradients for columns [c0, c1) of rows of cols:
+// grad_weight = Σ dout·xhat, grad_shift = Σ dout, the rows summed in order.
+template <typename T>
+ATTNLAB_ISA_CLONES void layer_norm_param_grads(int64_t rows, int64_t cols, int64_t c0,
+                                               int64_t c1, const T* dout, const T* xhat,
+                                               T* grad_weight, T* grad_shift) {
+  std::fill(grad_weight + c0, grad_weight + c1, T(0));
+  std::fill(grad_shift + c0, grad_shift + c1, T(0));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* dr = dout + r * cols;
+    const T* xr = xhat + r * cols;
+#pragma omp simd
+    for (int64_t c = c0; c < c1; ++c) {
+      grad_weight[c] += dr[c] * xr[c];
+      grad_shift[c] += dr[c];
     }
   }
 }
@@ -175,17 +194,6 @@ ATTNLAB_ISA_CLONES void add_rows(int64_t rows, int64_t cols, const T* a, const T
     for (int64_t c = 0; c < cols; ++c) {
       out[r * cols + c] = a[r * cols + c] + (b ? b[r * cols + c] : T(0)) + (bias ? bias[c] : T(0));
     }
-  }
-}
-
-// total[j] += Σ_c partials[c·stride + j] for j < n, c < count.
-template <typename T>
-ATTNLAB_ISA_CLONES void add_partials(int64_t n, int64_t count, int64_t stride, const T* partials,
-                                     T* total) {
-  for (int64_t c = 0; c < count; ++c) {
-    const T* part = partials + c * stride;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) total[j] += part[j];
   }
 }
 
@@ -322,49 +330,79 @@ void forward_chunk(const EncoderBlockShape& s, const T* x, const EncoderBlockPar
   }
 }
 
+// The gradients of the block's activations that the parameters' gradients are sums over, for
+// every row: the backward's first pass writes them row by row (each thread its batch entries),
+// the second sums them over all rows (each thread its output features), so that no thread's
+// partial sums have to be added afterwards and every sum runs over the rows in one order.
+// Post-norm / pre-norm:
+//   ff_out:   ∂L/∂(ff2's output): LN2'(dy) / dy itself (not stored: grad_output)  [N, E]
+//   relu:     ∂L/∂(ff1's output), the ReLU's mask applied                         [N, F]
+//   norm2:    ∂L/∂LN2's output: dy (not stored) / ∂L/∂LN2(h)                        [N, E]
+//   norm1:    ∂L/∂LN1's output: ∂L/∂h1 / ∂L/∂LN1(x)                                 [N, E]
+//   attn_out: ∂L/∂(the output projection's output): LN1'(∂L/∂h1) / ∂L/∂h           [N, E]
+//   qkv:      ∂L/∂(the fused projection's output), per head [q_h | k_h | v_h]        [N, 3E]
 template <typename T>
-void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x,
-                    const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
-                    const Activations<T>& a, T* grad_x, const EncoderBlockGrads<T>& g) {
-  const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
-  ChunkScratch<T> buffers(11 * n * e + n * f);
-  T* grad_stream = buffers.take(n * e);  // ∂L/∂(the residual stream) between the two halves
-  T* grad_relu = buffers.take(n * f);
-  T* grad_attn = buffers.take(n * e);
-  T* grad_qkv = buffers.take(n * 3 * e);
+struct ActivationGrads {
+  T *ff_out, *relu, *norm2, *norm1, *attn_out, *qkv;
 
-  // Feed-forward half.
+  static int64_t size(const EncoderBlockShape& s) {
+    return s.tokens() * (7 * s.dim + s.dim_ff);
+  }
+  ActivationGrads(const EncoderBlockShape& s, T* base) {
+    const int64_t n = s.tokens(), e = s.dim;
+    ff_out = base;
+    relu = ff_out + n * e;
+    norm2 = relu + n * s.dim_ff;
+    norm1 = norm2 + n * e;
+    attn_out = norm1 + n * e;
+    qkv = attn_out + n * e;
+  }
+  ActivationGrads from_batch(const EncoderBlockShape& s, int64_t b0) const {
+    ActivationGrads g = *this;
+    const int64_t r0 = b0 * s.length, e = s.dim;
+    for (T** view : {&g.ff_out, &g.norm2, &g.norm1, &g.attn_out}) *view += r0 * e;
+    g.relu += r0 * s.dim_ff;
+    g.qkv += r0 * 3 * e;
+    return g;
+  }
+};
+
+// The backward's first pass on the batch entries of s: the activations' gradients (d) and dx.
+template <typename T>
+void backward_rows(const EncoderBlockShape& s, const T* grad_output, const EncoderBlockParams<T>& p,
+                   const BatchedRows<T>& mask, const Activations<T>& a, T* grad_x,
+                   const ActivationGrads<T>& d) {
+  const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff, hd = s.head_dim();
+  ChunkScratch<T> buffers(5 * n * e);
+  T* grad_attn = buffers.take(n * e);
+
+  // Feed-forward half, then ∂L/∂(the output projection's output) in d.attn_out.
   const T* grad_ff_out = grad_output;  // pre-norm: y = h + ff(LN2(h))
   if (!s.norm_first) {                  // post-norm: y = LN2(h1 + ff(h1))
-    layer_norm_backward_rows<T>(n, e, grad_output, a.xhat2, a.rstd2, p.norm2_weight,
-                                grad_stream, false, g.norm2_weight, g.norm2_bias);
-    grad_ff_out = grad_stream;
+    layer_norm_backward_rows<T>(n, e, grad_output, a.xhat2, a.rstd2, p.norm2_weight, d.ff_out,
+                                false);
+    grad_ff_out = d.ff_out;
   }
-  linear_backward<T>(n, f, e, grad_ff_out, a.relu_out, p.ff2_weight, grad_relu, false,
-                     g.ff2_weight, g.ff2_bias);
-  relu_backward_in_place(n * f, a.relu_out, grad_relu);
-  const T* ff_input = s.norm_first ? a.norm2_out : a.norm1_out;
+  gemm(false, false, n, f, e, T(1), grad_ff_out, e, p.ff2_weight, f, T(0), d.relu, f);
+  relu_backward_in_place(n * f, a.relu_out, d.relu);
   if (s.norm_first) {
-    // ∂L/∂h = dy + LN2'ᵀ·(dff_in)
-    T* grad_ff_in = buffers.take(n * e);
-    linear_backward<T>(n, e, f, grad_relu, ff_input, p.ff1_weight, grad_ff_in, false,
-                       g.ff1_weight, g.ff1_bias);
-    std::copy(grad_output, grad_output + n * e, grad_stream);
-    layer_norm_backward_rows<T>(n, e, grad_ff_in, a.xhat2, a.rstd2, p.norm2_weight,
-                                grad_stream, true, g.norm2_weight, g.norm2_bias);
+    // ∂L/∂h = dy + LN2'ᵀ·(∂L/∂LN2(h))
+    gemm(false, false, n, e, f, T(1), d.relu, f, p.ff1_weight, e, T(0), d.norm2, e);
+    std::copy(grad_output, grad_output + n * e, d.attn_out);
+    layer_norm_backward_rows<T>(n, e, d.norm2, a.xhat2, a.rstd2, p.norm2_weight, d.attn_out,
+                                true);
   } else {
     // ∂L/∂h1 = dh2 + dff_in, then through LN1 to ∂L/∂(x + attn).
-    linear_backward<T>(n, e, f, grad_relu, ff_input, p.ff1_weight, grad_stream, true,
-                       g.ff1_weight, g.ff1_bias);
-    layer_norm_backward_rows<T>(n, e, grad_stream, a.xhat1, a.rstd1, p.norm1_weight,
-                                grad_stream, false, g.norm1_weight, g.norm1_bias);
+    std::copy(d.ff_out, d.ff_out + n * e, d.norm1);
+    gemm(false, false, n, e, f, T(1), d.relu, f, p.ff1_weight, e, T(1), d.norm1, e);
+    layer_norm_backward_rows<T>(n, e, d.norm1, a.xhat1, a.rstd1, p.norm1_weight, d.attn_out,
+                                false);
   }
 
-  // Attention half: grad_stream is now ∂L/∂(x + attn).
-  linear_backward<T>(n, e, e, grad_stream, a.attention, p.out_weight, grad_attn, false,
-                     g.out_weight, g.out_bias);
+  // Attention half.
+  gemm(false, false, n, e, e, T(1), d.attn_out, e, p.out_weight, e, T(0), grad_attn, e);
   const HeadsProblem<T> heads(s, a.qkv, mask);
-  const int64_t hd = s.head_dim(), entries = s.batch * s.heads;
+  const int64_t entries = s.batch * s.heads;
   std::vector<int64_t> grad_offsets(entries);
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.heads; ++h) grad_offsets[b * s.heads + h] = b * s.length * e + h * hd;
@@ -385,60 +423,99 @@ void backward_chunk(const EncoderBlockShape& s, const T* grad_output, const T* x
                      grad_q, grad_k, grad_v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
   // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
   for_each_head_row(s, 3 * e, 3 * hd, [&](int64_t head_row, int64_t token_row) {
-    T* dst = grad_qkv + token_row;
+    T* dst = d.qkv + token_row;
     std::copy(grad_q + head_row, grad_q + head_row + hd, dst);
     std::copy(grad_k + head_row, grad_k + head_row + hd, dst + hd);
     std::copy(grad_v + head_row, grad_v + head_row + hd, dst + 2 * hd);
   });
 
   if (s.norm_first) {
-    T* grad_norm1_out = buffers.take(n * e);
-    linear_backward<T>(n, e, 3 * e, grad_qkv, a.norm1_out, p.qkv_weight,
-                       grad_norm1_out, false, g.qkv_weight, g.qkv_bias);
-    // dx = ∂L/∂h + LN1'ᵀ·dn1. Without dx, LN1's parameter gradients are still needed: the
-    // input gradient then goes over dn1 itself.
-    T* grad_in = grad_norm1_out;
+    // dx = ∂L/∂h + LN1'ᵀ·(∂L/∂LN1(x)); ∂L/∂LN1(x) is kept for LN1's parameters either way.
+    gemm(false, false, n, e, 3 * e, T(1), d.qkv, 3 * e, p.qkv_weight, e, T(0), d.norm1, e);
     if (grad_x) {
-      std::copy(grad_stream, grad_stream + n * e, grad_x);
-      grad_in = grad_x;
+      std::copy(d.attn_out, d.attn_out + n * e, grad_x);
+      layer_norm_backward_rows<T>(n, e, d.norm1, a.xhat1, a.rstd1, p.norm1_weight, grad_x, true);
     }
-    layer_norm_backward_rows<T>(n, e, grad_norm1_out, a.xhat1, a.rstd1, p.norm1_weight,
-                                grad_in, grad_x != nullptr, g.norm1_weight, g.norm1_bias);
-  } else {
-    if (grad_x) std::copy(grad_stream, grad_stream + n * e, grad_x);
-    linear_backward<T>(n, e, 3 * e, grad_qkv, x, p.qkv_weight, grad_x, true, g.qkv_weight,
-                       g.qkv_bias);
+  } else if (grad_x) {
+    std::copy(d.attn_out, d.attn_out + n * e, grad_x);
+    gemm(false, false, n, e, 3 * e, T(1), d.qkv, 3 * e, p.qkv_weight, e, T(1), grad_x, e);
   }
 }
 
-// Element counts of the twelve parameters, in EncoderBlockParams' order.
-std::array<int64_t, 12> param_sizes(const EncoderBlockShape& s) {
-  const int64_t e = s.dim, f = s.dim_ff;
-  return {3 * e * e, 3 * e, e * e, e, e, e, f * e, f, e * f, e, e, e};
-}
-
+// The backward's second pass: the parameters' gradients, each summed over all rows. Its work
+// is laid out as one sequence: the four weights' rows (output features), each costing its
+// fan-in, then the two LayerNorms' columns, costing 2 each. A thread takes the fraction
+// [share, share_end) of the sequence's cost, its ends rounded to whole vectors of features, so
+// that most weights have one thread (both threads packing the same X for a weight split
+// between them cost 17 % of the reversal-shape layer) and at the even split of 2 threads none
+// is split at the tutorials' shapes (d_ff = 2·d).
 template <typename T>
-std::array<T*, 12> views_of(const EncoderBlockGrads<T>& g) {
-  return {g.qkv_weight, g.qkv_bias, g.out_weight, g.out_bias, g.norm1_weight, g.norm1_bias,
-          g.ff1_weight, g.ff1_bias, g.ff2_weight, g.ff2_bias, g.norm2_weight, g.norm2_bias};
-}
-
-// The parameters' gradients laid out one after another in buf.
-template <typename T>
-EncoderBlockGrads<T> grads_in(const EncoderBlockShape& s, T* buf) {
-  std::array<T*, 12> v;
-  const auto sizes = param_sizes(s);
-  for (size_t i = 0; i < v.size(); ++i) {
-    v[i] = buf;
-    buf += sizes[i];
+void backward_params(const EncoderBlockShape& s, const T* grad_output, const T* x,
+                     const Activations<T>& a, const ActivationGrads<T>& d, double share,
+                     double share_end, const EncoderBlockGrads<T>& g) {
+  const int64_t n = s.tokens(), e = s.dim, f = s.dim_ff;
+  struct Segment {
+    int64_t rows, cost;  // features, cost of each
+  };
+  const Segment segments[6] = {{3 * e, e}, {e, e}, {f, e}, {e, f}, {e, 2}, {e, 2}};
+  double total = 0;
+  for (const Segment& seg : segments) total += static_cast<double>(seg.rows * seg.cost);
+  double offset = 0;  // the cost before the segment
+  // The segment's features before a position in the sequence, in whole vectors.
+  const auto cut = [&](const Segment& seg, double fraction) {
+    constexpr int64_t kStep = 16;
+    if (fraction >= 1.0) return seg.rows;
+    const double rows = (fraction * total - offset) / static_cast<double>(seg.cost);
+    const int64_t whole = static_cast<int64_t>(std::clamp(rows / kStep + 0.5, 0.0, 1e18)) * kStep;
+    return std::min(whole, seg.rows);
+  };
+  int64_t r0[6], r1[6];
+  for (int i = 0; i < 6; ++i) {
+    r0[i] = cut(segments[i], share);
+    r1[i] = cut(segments[i], share_end);
+    offset += static_cast<double>(segments[i].rows * segments[i].cost);
   }
-  return {v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9], v[10], v[11]};
+  const T* ff_out = s.norm_first ? grad_output : d.ff_out;
+  const T* ff_input = s.norm_first ? a.norm2_out : a.norm1_out;
+  const T* qkv_input = s.norm_first ? a.norm1_out : x;
+  linear_param_grads(n, e, 3 * e, r0[0], r1[0], d.qkv, qkv_input, g.qkv_weight, g.qkv_bias);
+  linear_param_grads(n, e, e, r0[1], r1[1], d.attn_out, a.attention, g.out_weight, g.out_bias);
+  linear_param_grads(n, e, f, r0[2], r1[2], d.relu, ff_input, g.ff1_weight, g.ff1_bias);
+  linear_param_grads(n, f, e, r0[3], r1[3], ff_out, a.relu_out, g.ff2_weight, g.ff2_bias);
+  layer_norm_param_grads(n, e, r0[4], r1[4], d.norm1, a.xhat1, g.norm1_weight, g.norm1_bias);
+  layer_norm_param_grads(n, e, r0[5], r1[5], s.norm_first ? d.norm2 : grad_output, a.xhat2,
+                         g.norm2_weight, g.norm2_bias);
 }
 
-// Batch entries split into one chunk per thread: each runs the whole block on its rows with
-// sequential BLAS, so two cores cost one fork/join per pass instead of one per GEMM.
-int64_t chunk_count(const EncoderBlockShape& s) {
+// The batch entries (or, in the backward's second pass, the parameters' features) split into
+// one part per thread: each runs the whole block on its rows with sequential BLAS, so two
+// cores cost one fork/join per pass instead of one per GEMM.
+int64_t part_count(const EncoderBlockShape& s) {
   return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), s.batch));
+}
+
+// Each pass's estimate of its threads' speeds.
+ThreadShares forward_shares, backward_row_shares, backward_param_shares;
+
+// Runs body(begin, end) on each part of `units` as shares splits them, one part per thread,
+// and tells shares how long each part took. Only where float32 products run in f32_gemm, whose
+// rows and columns round the same in a product of any size: elsewhere (double, or float32
+// through the BLAS) the split stays even, so that results do not change from call to call.
+template <typename T, typename F>
+void run_parts(ThreadShares& shares, int64_t units, int64_t parts, const F& body) {
+  static const ThreadShares even;
+  const bool adaptive = std::is_same_v<T, float> && f32_gemm_available();
+  const std::vector<int64_t> bounds = (adaptive ? shares : even).split(units, parts);
+  std::vector<double> seconds(parts, 0.0);
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
+    SequentialBlasScope sequential_blas;
+    for (int64_t c = begin; c < end; ++c) {
+      const double start = ThreadShares::now();
+      body(bounds[c], bounds[c + 1]);
+      seconds[c] = ThreadShares::now() - start;
+    }
+  });
+  if (adaptive) shares.update(bounds, seconds.data());
 }
 
 template <typename T>
@@ -461,16 +538,12 @@ void encoder_block_forward(const EncoderBlockShape& s, const T* x, const Encoder
                            const BatchedRows<T>& mask, T eps1, T eps2, T* output,
                            T* activations) {
   const Activations<T> all(s, activations);
-  const int64_t chunks = chunk_count(s), row = s.length * s.dim;
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    SequentialBlasScope sequential_blas;
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t b0 = c * s.batch / chunks, b1 = (c + 1) * s.batch / chunks;
-      EncoderBlockShape part = s;
-      part.batch = b1 - b0;
-      forward_chunk(part, x + b0 * row, p, mask_from_batch(s, mask, b0), eps1, eps2,
-                    output + b0 * row, all.from_batch(s, b0));
-    }
+  const int64_t row = s.length * s.dim;
+  run_parts<T>(forward_shares, s.batch, part_count(s), [&](int64_t b0, int64_t b1) {
+    EncoderBlockShape part = s;
+    part.batch = b1 - b0;
+    forward_chunk(part, x + b0 * row, p, mask_from_batch(s, mask, b0), eps1, eps2,
+                  output + b0 * row, all.from_batch(s, b0));
   });
 }
 
@@ -479,35 +552,21 @@ void encoder_block_backward(const EncoderBlockShape& s, const T* grad_output, co
                             const EncoderBlockParams<T>& p, const BatchedRows<T>& mask,
                             const T* activations, T* grad_x, const EncoderBlockGrads<T>& grads) {
   const Activations<T> all(s, const_cast<T*>(activations));
-  const int64_t chunks = chunk_count(s), row = s.length * s.dim;
-  const auto sizes = param_sizes(s);
-  const int64_t params = std::accumulate(sizes.begin(), sizes.end(), int64_t(0));
-  // Chunk 0 writes the parameters' gradients in place, the others into partial sums, kept
-  // between calls (a fresh block cost its first-touch page faults on every call).
-  ChunkScratch<T, 1> partial_block((chunks - 1) * params);
-  T* const partials = partial_block.take((chunks - 1) * params);
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    SequentialBlasScope sequential_blas;
-    for (int64_t c = begin; c < end; ++c) {
-      const int64_t b0 = c * s.batch / chunks, b1 = (c + 1) * s.batch / chunks;
-      EncoderBlockShape part = s;
-      part.batch = b1 - b0;
-      backward_chunk(part, grad_output + b0 * row, x + b0 * row, p, mask_from_batch(s, mask, b0),
-                     all.from_batch(s, b0), grad_x ? grad_x + b0 * row : nullptr,
-                     c == 0 ? grads : grads_in(s, partials + (c - 1) * params));
-    }
+  const int64_t row = s.length * s.dim, parts = part_count(s);
+  // Kept between calls (a fresh block cost its first-touch page faults on every call).
+  ChunkScratch<T, 1> block(ActivationGrads<T>::size(s));
+  const ActivationGrads<T> d(s, block.take(ActivationGrads<T>::size(s)));
+  run_parts<T>(backward_row_shares, s.batch, parts, [&](int64_t b0, int64_t b1) {
+    EncoderBlockShape part = s;
+    part.batch = b1 - b0;
+    backward_rows(part, grad_output + b0 * row, p, mask_from_batch(s, mask, b0),
+                  all.from_batch(s, b0), grad_x ? grad_x + b0 * row : nullptr,
+                  d.from_batch(s, b0));
   });
-  // The parameters' gradients sum over the chunks, split over the threads by element (the
-  // anomaly shape has half a million; one thread summing them left the other idle).
-  if (chunks == 1) return;
-  const auto totals = views_of(grads);
-  at::parallel_for(0, params, 1 << 14, [&](int64_t begin, int64_t end) {
-    int64_t first = 0;  // flat index of tensor i's element 0
-    for (size_t i = 0; i < sizes.size(); first += sizes[i], ++i) {
-      const int64_t lo = std::max(begin, first), hi = std::min(end, first + sizes[i]);
-      if (lo >= hi) continue;
-      add_partials(hi - lo, chunks - 1, params, partials + lo, totals[i] + (lo - first));
-    }
+  constexpr int64_t kFractions = 1024;
+  run_parts<T>(backward_param_shares, kFractions, parts, [&](int64_t begin, int64_t end) {
+    backward_params(s, grad_output, x, all, d, static_cast<double>(begin) / kFractions,
+                    static_cast<double>(end) / kFractions, grads);
   });
 }
 

@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include "cpu/bf16_gemm.h"
+#include "cpu/f32_gemm.h"
 
 namespace attnlab {
 
@@ -32,6 +33,8 @@ BuildInfo build_info() {
 std::string cpu_bf16_products() {
   return cpu::bf16_products_pay() ? cpu::bf16_products() : "float32";
 }
+
+std::string cpu_float32_products() { return cpu::f32_gemm_available() ? "avx512" : "blas"; }
 
 double cpu_bf16_product_speedup() { return cpu::bf16_product_speedup(); }
 

@@ -27,6 +27,7 @@ PYBIND11_MODULE(_C, m) {
     d["torch_loaded"] = attnlab::loaded_torch_version();
     d["cpu_bf16_products"] = attnlab::cpu_bf16_products();
     d["cpu_bf16_product_speedup"] = attnlab::cpu_bf16_product_speedup();
+    d["cpu_float32_products"] = attnlab::cpu_float32_products();
     return d;
   });
 }

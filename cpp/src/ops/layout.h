@@ -64,7 +64,8 @@ double resolve_scale(std::optional<double> scale, int64_t dim_qk);
 // use the row stride as its leading dimension; copies otherwise.
 at::Tensor rows_contiguous(const at::Tensor& t);
 
-// An empty CPU tensor for the attention weights (every element is written by the kernels).
+// An empty CPU tensor for the attention weights, or another buffer whose every element the
+// kernels write before reading it (the encoder block's activations).
 // Large ones come from a small pool of freed weight buffers (at most 4 and 512 MiB wait
 // there), else from new memory on transparent huge pages where the kernel allows it: fresh
 // pages cost a page fault and the kernel's zeroing each, several times the normalizer itself.

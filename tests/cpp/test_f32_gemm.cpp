@@ -277,6 +277,92 @@ TEST(F32Gemm, DeferredZerosAreWrittenExactlyWhereOwed) {
   EXPECT_THROW(attnlab::cpu::f32_defer_zeros(line, 16, 2, 8), c10::Error);
 }
 
+// Deferred scaled copies (f32_defer_scaled_rows) owed together with zeros: each destination
+// row receives its source row times its factor, bitwise as a scalar multiply gives it, and
+// nothing else is touched; the copies are written before the zeros (a product too short to
+// write everything leaves only zeros owed); f32_flush_scaled_rows writes the copies and leaves
+// the zeros to f32_flush_zeros; the products' results are unchanged; bad regions refused.
+TEST(F32Gemm, DeferredScaledCopiesAreWrittenBeforeZerosAndExactlyWhereOwed) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_defer_scaled_rows needs AVX-512";
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal;
+  constexpr int64_t kLd = 96, kLds = 64, kRows = 24, kCopyRows = 12, kCopyCols = 48;
+  constexpr int64_t kZeroRow = 14, kZeroCol = 32, kZeroCount = 64, kZeroRows = 10;
+  for (const int64_t k : {2, 24, 64, 2000}) {
+    attnlab::cpu::AlignedVector<float> memory(kLd * kRows, kNaN), src(kLds * kCopyRows);
+    for (float& x : src) x = normal(rng);
+    std::vector<float> factors(kCopyRows);
+    for (float& f : factors) f = std::abs(normal(rng)) + 0.1f;
+    // The zeros are owed first, the copies after: the copies are still written first.
+    attnlab::cpu::f32_defer_zeros(memory.data() + kZeroRow * kLd + kZeroCol, kZeroCount,
+                                  kZeroRows, kLd);
+    attnlab::cpu::f32_defer_scaled_rows(src.data(), kLds, factors.data(), memory.data(), kLd,
+                                        kCopyCols, kCopyRows);
+    const int64_t m = 19, n = 64;
+    std::vector<float> a(m * k), b(k * n), c(m * n), plain(m * n);
+    for (float& x : a) x = normal(rng);
+    for (float& x : b) x = normal(rng);
+    f32_gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    const auto expected = [&](int64_t r, int64_t col) {
+      if (r < kCopyRows && col < kCopyCols) return src[r * kLds + col] * factors[r];
+      const bool zero = r >= kZeroRow && r < kZeroRow + kZeroRows && col >= kZeroCol &&
+                        col < kZeroCol + kZeroCount;
+      return zero ? 0.0f : kNaN;
+    };
+    // The lines written so far: copies (right value) and zeros (0).
+    int64_t copied = 0, zeroed = 0, wrong = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t col = 0; col < kLd; ++col) {
+        const float x = memory[r * kLd + col], want = expected(r, col);
+        if (std::isnan(x)) continue;  // not written (yet)
+        if (r < kCopyRows && col < kCopyCols) {
+          copied += x == want;
+          wrong += x != want;
+        } else {
+          zeroed += want == 0.0f && x == 0.0f;
+          wrong += !(want == 0.0f && x == 0.0f);
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0) << "k " << k;
+    if (zeroed > 0) EXPECT_EQ(copied, kCopyRows * kCopyCols) << "k " << k;  // copies first
+    if (k == 2) EXPECT_LT(copied, kCopyRows * kCopyCols);
+    if (k == 2000) EXPECT_EQ(zeroed, kZeroRows * kZeroCount);
+    attnlab::cpu::f32_flush_scaled_rows();
+    int64_t copies_missing = 0;
+    for (int64_t r = 0; r < kCopyRows; ++r) {
+      for (int64_t col = 0; col < kCopyCols; ++col) {
+        copies_missing += memory[r * kLd + col] != expected(r, col);
+      }
+    }
+    EXPECT_EQ(copies_missing, 0) << "k " << k;
+    if (k == 2) {  // the zeros are still owed, not written by the copies' flush
+      EXPECT_TRUE(std::isnan(memory[(kZeroRow + kZeroRows - 1) * kLd + kZeroCol]));
+    }
+    attnlab::cpu::f32_flush_zeros();
+    int64_t misplaced = 0;
+    for (int64_t r = 0; r < kRows; ++r) {
+      for (int64_t col = 0; col < kLd; ++col) {
+        const float x = memory[r * kLd + col], want = expected(r, col);
+        misplaced += std::isnan(want) ? !std::isnan(x) : x != want;
+      }
+    }
+    EXPECT_EQ(misplaced, 0) << "k " << k;
+    f32_gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, plain.data(), n);
+    EXPECT_EQ(std::memcmp(c.data(), plain.data(), c.size() * sizeof(float)), 0) << "k " << k;
+  }
+  alignas(64) float line[64];
+  const float one = 1.0f;
+  EXPECT_THROW(attnlab::cpu::f32_defer_scaled_rows(line + 1, 16, &one, line + 32, 16, 16, 1),
+               c10::Error);  // misaligned source
+  EXPECT_THROW(attnlab::cpu::f32_defer_scaled_rows(line, 16, &one, line + 33, 16, 16, 1),
+               c10::Error);  // misaligned destination
+  EXPECT_THROW(attnlab::cpu::f32_defer_scaled_rows(line, 16, &one, line + 32, 16, 8, 1),
+               c10::Error);  // a partial line
+  EXPECT_THROW(attnlab::cpu::f32_defer_scaled_rows(line, 16, &one, line + 32, 16, 32, 2),
+               c10::Error);  // rows overlapping
+}
+
 TEST(F32Gemm, AttentionAndEncoderShapesMatchFloat64) {
   std::mt19937 rng(11);
   // The blocked attention's products (Q·Kᵀ, P·V, Pᵀ·dO, dS·K) and the encoder layer's

@@ -106,12 +106,15 @@ def test_gradients_with_pooled_weights(shape):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("len_q, len_k", [(512, 512), (384, 512), (512, 528), (300, 520)])
-def test_causal_zeros_over_a_poisoned_buffer(threads, len_q, len_k):
-    # Under the causal mask a query block's zeros past its last visible key are written while
-    # the thread's later products run, and the rest when its share of the work ends: over a
-    # reused buffer full of NaN every one of them must be there when the call returns.
-    # (L_k a multiple of 16 takes that route; 520 writes them with the rows.)
+@pytest.mark.parametrize("is_causal", [True, False])
+@pytest.mark.parametrize("len_q, len_k", [(512, 512), (384, 512), (512, 528), (300, 512), (300, 520)])
+def test_weights_over_a_poisoned_buffer(threads, is_causal, len_q, len_k):
+    # With L_k a multiple of 16 a query block's weights are written while its P·V product runs
+    # (the rest when the block ends), and under the causal mask its zeros past its last visible
+    # key while the thread's later products run (the rest when its share of the work ends):
+    # over a reused buffer full of NaN every one of them must be there when the call returns.
+    # (L_k = 520 writes them with the rows; L_q = 300 ends on a query block whose last visible
+    # key is not on a 64-byte line.)
     shape_q, shape_k = (3, 2, len_q, 32), (3, 2, len_k, 32)
     poison_shape = (3, 2, len_q, len_k)
     previous = torch.get_num_threads()
@@ -127,10 +130,12 @@ def test_causal_zeros_over_a_poisoned_buffer(threads, len_q, len_k):
             w.fill_(float("nan"))
         addresses = {w.data_ptr() for w in poisoned}
         del poisoned, w
-        _, w = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True, is_causal=True)
+        _, w = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True,
+                                                    is_causal=is_causal)
         assert w.data_ptr() in addresses  # the pool handed a NaN buffer back: the case tested
-        check(w, q, k, v, is_causal=True)
-        hidden = torch.ones(len_q, len_k, dtype=torch.bool).triu(len_k - len_q + 1)
-        assert (w.masked_select(hidden) == 0).all()
+        check(w, q, k, v, is_causal=is_causal)
+        if is_causal:
+            hidden = torch.ones(len_q, len_k, dtype=torch.bool).triu(len_k - len_q + 1)
+            assert (w.masked_select(hidden) == 0).all()
     finally:
         torch.set_num_threads(previous)

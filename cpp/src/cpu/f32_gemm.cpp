@@ -83,20 +83,27 @@ ATTNLAB_F32 void pack_rows(const float* x, int64_t ldx, int64_t k, int64_t width
   }
 }
 
-// Zero stores owed by this thread (f32_defer_zeros): regions of rows of whole 64-byte lines,
-// written one line every kZeroEvery steps of the products' sums (block<..., true>) and the rest
-// by f32_flush_zeros.
-struct ZeroRegion {
+// Stores owed by this thread: zeros (f32_defer_zeros) and scaled copies of rows
+// (f32_defer_scaled_rows), regions of rows of whole 64-byte lines, written one line every
+// kZeroEvery steps of the products' sums (block<..., true>) and the rest by the flushes. Two
+// queues: the copies first, since their sources are freed or overwritten soon after, the zeros
+// whenever no copy is owed.
+struct LineRegion {
   float* first;
+  const float* src;      // null: zeros
+  int64_t src_ld;        // floats between the source's rows
+  const float* factors;  // one per row (copies)
   int64_t row_lines, rows, ld;  // rows of row_lines lines each, ld floats apart
 };
-struct DeferredZeros {
-  std::vector<ZeroRegion> regions;  // taken in order
+struct LineQueue {
+  std::vector<LineRegion> regions;  // taken in order
   size_t next = 0;
-  // The region being written: its next line, the lines left in that row and the rows left
-  // after it.
-  ZeroRegion current{};
+  // The region being written: its next line (and source line), the lines left in that row,
+  // the rows left after it, and the row's factor.
+  LineRegion current{};
   float* at = nullptr;
+  const float* src = nullptr;
+  const float* factor = nullptr;
   int64_t lines = 0, rows = 0;
   bool pending() const { return lines > 0 || next < regions.size(); }
   // The next line to write (at, lines > 0), or none left.
@@ -104,11 +111,17 @@ struct DeferredZeros {
     while (lines == 0) {
       if (rows > 0) {
         at += current.ld - current.row_lines * kL;
+        if (src != nullptr) {
+          src += current.src_ld - current.row_lines * kL;
+          ++factor;
+        }
         lines = current.row_lines;
         --rows;
       } else if (next < regions.size()) {
         current = regions[next++];
         at = current.first;
+        src = current.src;
+        factor = current.factors;
         lines = current.row_lines;
         rows = current.rows - 1;
       } else {
@@ -119,15 +132,41 @@ struct DeferredZeros {
     }
   }
 };
-thread_local DeferredZeros deferred_zeros;
+struct DeferredLines {
+  LineQueue copies, zeros;
+  bool pending() const { return copies.pending() || zeros.pending(); }
+  // The queue whose lines come next (copies first), refilled.
+  LineQueue& active() {
+    copies.refill();
+    if (copies.lines > 0) return copies;
+    zeros.refill();
+    return zeros;
+  }
+};
+thread_local DeferredLines deferred_lines;
 // Measured on one Intel Xeon (AMX) core with the causal weights' zeros of (8, 2048, 2048): the
 // P·V products of 16-row groups took 14.0 ms alone, 17.6 with the zeros streamed after each
 // query block, 14.7–15.2 with a line every other step.
 constexpr int64_t kZeroEvery = 2;
 
+// Writes a queue's owed lines until none is left, one row (or what is left of it) at a time.
+ATTNLAB_F32 void drain(LineQueue& q) {
+  for (q.refill(); q.lines > 0; q.refill()) {
+    if (q.src != nullptr) {
+      const __m512 f = _mm512_set1_ps(*q.factor);
+      for (; q.lines > 0; --q.lines, q.at += kL, q.src += kL) {
+        _mm512_stream_ps(q.at, _mm512_mul_ps(_mm512_load_ps(q.src), f));
+      }
+    } else {
+      for (; q.lines > 0; --q.lines, q.at += kL) _mm512_stream_ps(q.at, _mm512_setzero_ps());
+    }
+  }
+}
+
 // One register block: Rows rows of C by Vecs vectors of columns (the last one's lanes in
 // `last`). op(A)[r, p] is a[r·a_row + p·a_col]; the block's B row p starts at b + p·ldb.
-// Zeros: whether it also writes owed zero lines (DeferredZeros) as its sum runs.
+// Zeros: whether it also writes owed lines (DeferredLines: zeros or scaled copies) as its sum
+// runs.
 template <int Rows, int Vecs, bool Zeros>
 ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                               const float* b, int64_t ldb, float alpha, float beta, float* c,
@@ -136,16 +175,24 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
   for (int r = 0; r < Rows; ++r) {
     for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
   }
-  float* zero_at = nullptr;
-  int64_t zero_lines = 0, zero_rows = 0, zero_skip = 0, zero_row_lines = 0;
+  // Owed lines (Zeros): the queue's state in locals for the loop, stored back after it.
+  LineQueue* q = nullptr;
+  float* line_at = nullptr;
+  const float* src_at = nullptr;
+  const float* factor = nullptr;
+  __m512 scale = _mm512_setzero_ps();
+  int64_t lines = 0, line_rows = 0, skip = 0, src_skip = 0, row_lines = 0;
   if constexpr (Zeros) {
-    DeferredZeros& z = deferred_zeros;
-    z.refill();
-    zero_at = z.at;
-    zero_lines = z.lines;
-    zero_rows = z.rows;
-    zero_row_lines = z.current.row_lines;
-    zero_skip = z.current.ld - zero_row_lines * kL;  // from a row's end to the next one's
+    q = &deferred_lines.active();
+    line_at = q->at;
+    src_at = q->src;
+    factor = q->factor;
+    lines = q->lines;
+    line_rows = q->rows;
+    row_lines = q->current.row_lines;
+    skip = q->current.ld - row_lines * kL;  // from a row's end to the next one's
+    src_skip = q->current.src_ld - row_lines * kL;
+    if (src_at != nullptr && lines > 0) scale = _mm512_set1_ps(*factor);
   }
   for (int64_t p = 0; p < k; ++p) {
     __m512 bv[Vecs];
@@ -156,21 +203,32 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
       for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_fmadd_ps(av, bv[v], acc[r][v]);
     }
     if constexpr (Zeros) {
-      if (p % kZeroEvery == kZeroEvery - 1 && zero_lines > 0) {
-        _mm512_stream_ps(zero_at, _mm512_setzero_ps());
-        zero_at += kL;
-        if (--zero_lines == 0 && zero_rows > 0) {  // on to the region's next row
-          zero_at += zero_skip;
-          zero_lines = zero_row_lines;
-          --zero_rows;
+      if (p % kZeroEvery == kZeroEvery - 1 && lines > 0) {
+        if (src_at != nullptr) {
+          _mm512_stream_ps(line_at, _mm512_mul_ps(_mm512_load_ps(src_at), scale));
+          src_at += kL;
+        } else {
+          _mm512_stream_ps(line_at, _mm512_setzero_ps());
+        }
+        line_at += kL;
+        if (--lines == 0 && line_rows > 0) {  // on to the region's next row
+          line_at += skip;
+          if (src_at != nullptr) {
+            src_at += src_skip;
+            scale = _mm512_set1_ps(*++factor);
+          }
+          lines = row_lines;
+          --line_rows;
         }
       }
     }
   }
   if constexpr (Zeros) {
-    deferred_zeros.at = zero_at;
-    deferred_zeros.lines = zero_lines;
-    deferred_zeros.rows = zero_rows;
+    q->at = line_at;
+    q->src = src_at;
+    q->factor = factor;
+    q->lines = lines;
+    q->rows = line_rows;
   }
   const __m512 valpha = _mm512_set1_ps(alpha), vbeta = _mm512_set1_ps(beta);
   for (int r = 0; r < Rows; ++r) {
@@ -304,7 +362,7 @@ ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int6
                                       int64_t ldo, int64_t width, float alpha, float beta,
                                       float* c, int64_t ldc) {
   if (width == kVecs * kL) {
-    if (deferred_zeros.pending()) {
+    if (deferred_lines.pending()) {
       column_block<kVecs, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
                                 __mmask16(0xFFFF));
     } else {
@@ -500,15 +558,37 @@ void f32_defer_zeros(float* dst, int64_t count, int64_t rows, int64_t ld) {
                   (rows <= 1 || ld >= count),
               "f32_defer_zeros: needs rows of whole 64-byte lines, got ", rows, " rows of ",
               count, " floats, ", ld, " apart, at ", static_cast<const void*>(dst));
-  if (count > 0 && rows > 0) deferred_zeros.regions.push_back({dst, count / kL, rows, ld});
+  if (count > 0 && rows > 0) {
+    deferred_lines.zeros.regions.push_back({dst, nullptr, 0, nullptr, count / kL, rows, ld});
+  }
+}
+
+void f32_defer_scaled_rows(const float* src, int64_t lds, const float* factors, float* dst,
+                           int64_t ld, int64_t count, int64_t rows) {
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(dst) % 64 == 0 &&
+                  reinterpret_cast<uintptr_t>(src) % 64 == 0 && count % kL == 0 &&
+                  ld % kL == 0 && lds % kL == 0 && (rows <= 1 || (ld >= count && lds >= count)),
+              "f32_defer_scaled_rows: needs rows of whole 64-byte lines, got ", rows,
+              " rows of ", count, " floats, ", ld, " apart at ", static_cast<const void*>(dst),
+              " from rows ", lds, " apart at ", static_cast<const void*>(src));
+  if (count > 0 && rows > 0) {
+    deferred_lines.copies.regions.push_back({dst, src, lds, factors, count / kL, rows, ld});
+  }
+}
+
+ATTNLAB_F32 void f32_flush_scaled_rows_avx512() {
+  drain(deferred_lines.copies);
+  _mm_sfence();
 }
 
 ATTNLAB_F32 void f32_flush_zeros_avx512() {
-  DeferredZeros& z = deferred_zeros;
-  for (z.refill(); z.lines > 0; z.refill()) {  // a row (or what is left of it) at a time
-    for (; z.lines > 0; --z.lines, z.at += kL) _mm512_stream_ps(z.at, _mm512_setzero_ps());
-  }
+  drain(deferred_lines.copies);
+  drain(deferred_lines.zeros);
   _mm_sfence();
+}
+
+void f32_flush_scaled_rows() {
+  if (f32_gemm_available()) f32_flush_scaled_rows_avx512();  // (nothing can be owed elsewhere)
 }
 
 void f32_flush_zeros() {
@@ -556,6 +636,13 @@ void f32_defer_zeros(float*, int64_t, int64_t, int64_t) {
 }
 
 void f32_flush_zeros() {}
+
+void f32_defer_scaled_rows(const float*, int64_t, const float*, float*, int64_t, int64_t,
+                           int64_t) {
+  TORCH_CHECK(false, "f32_defer_scaled_rows: needs f32_gemm_available()");
+}
+
+void f32_flush_scaled_rows() {}
 
 void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
 

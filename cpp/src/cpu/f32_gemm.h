@@ -50,13 +50,23 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
 // causal weights beyond the keys a query block sees): f32_defer_zeros records them, and this
 // thread's float32 products then write them with non-temporal stores, a 64-byte line every other
 // step of their sums, so that the writes overlap the arithmetic instead of following it.
-// f32_flush_zeros writes whatever is left and fences; call it before the memory is read or
-// freed (the thread's share of the operator's work done, exceptions included). The zeros:
-// `count` floats at dst + r·ld for each r < rows; dst 64-byte aligned, count and ld multiples
-// of 16. f32_defer_zeros only where f32_gemm_available(); f32_flush_zeros anywhere (a no-op
-// where nothing can be owed).
+// f32_flush_zeros writes whatever is left (copies included) and fences; call it before the
+// memory is read or freed (the thread's share of the operator's work done, exceptions
+// included). The zeros: `count` floats at dst + r·ld for each r < rows; dst 64-byte aligned,
+// count and ld multiples of 16. f32_defer_zeros only where f32_gemm_available();
+// f32_flush_zeros anywhere (a no-op where nothing can be owed).
 void f32_defer_zeros(float* dst, int64_t count, int64_t rows = 1, int64_t ld = 0);
 void f32_flush_zeros();
+
+// The same for scaled copies (the normalized attention weights, streamed out of a query
+// block's buffer while its P·V product runs): dst[r·ld + c] = src[r·lds + c]·factors[r] for
+// r < rows and c < count, with the same non-temporal stores. Copies are written before any
+// owed zeros. src and factors must stay unchanged until f32_flush_scaled_rows (the copies
+// only) or f32_flush_zeros (everything) returns. dst and src 64-byte aligned; count, ld and
+// lds multiples of 16. f32_defer_scaled_rows only where f32_gemm_available().
+void f32_defer_scaled_rows(const float* src, int64_t lds, const float* factors, float* dst,
+                           int64_t ld, int64_t count, int64_t rows);
+void f32_flush_scaled_rows();
 
 // dst[r·cols + c] = float(src[r·ld + c]) for rows × cols float16 (bfloat16 when `bf16`) values
 // given as their bits. Only where f32_gemm_available().

@@ -489,11 +489,78 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
   finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse);
 }
 
+// Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers, no BLAS
+// and none of the blocked path's per-chunk buffers (without weights those include 64 KiB of
+// zero-filled scores per chunk, which the small kernel never reads). Query blocks of block_q
+// rows are the tasks; out's rows may lie anywhere (OutputRows).
+template <typename T>
+void small_forward(const AttentionProblem<T>& p, const OutputRows<T>& out, T* logsumexp,
+                   T* weights, int64_t block_q) {
+  const int64_t q_blocks = ceil_div(p.len_q, block_q);
+  parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
+    for (int64_t task = next_task(); task >= 0; task = next_task()) {
+      const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
+      const int64_t rows = std::min(block_q, p.len_q - i0);
+      small_attention_rows(rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
+                           p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
+                           p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
+                           p.mask.row_stride, visible_base(p, i0, 0), p.scale, out.row(b, i0),
+                           out.row_stride, logsumexp + b * p.len_q + i0,
+                           weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr, p.len_k);
+    }
+  });
+}
+
+// The small kernel's backward, one batch entry per task: it takes the deltas from its own P
+// and dP (no pass over dO and O, so the forward's output is never read).
+template <typename T>
+void small_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
+                    const T* logsumexp, const T* weights, const OutputRows<T>& grad_query,
+                    const OutputRows<T>& grad_key, const OutputRows<T>& grad_value,
+                    T* grad_mask, T* grad_weights) {
+  parallel_tasks(p.batch, [&](const auto& next_task) {
+    for (int64_t b = next_task(); b >= 0; b = next_task()) {
+      const int64_t rows = b * p.len_q;
+      small_attention_backward(
+          p.len_q, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, 0), p.query.row_stride,
+          p.key.row(b, 0), p.key.row_stride, p.value.row(b, 0), p.value.row_stride,
+          mask_block(p, b, 0, 0), p.mask.row_stride, visible_base(p, 0, 0), p.scale,
+          grad_output.row(b, 0), grad_output.row_stride, logsumexp + rows,
+          weights ? weights + rows * p.len_k : nullptr, grad_query.row(b, 0),
+          grad_query.row_stride, grad_key.row(b, 0), grad_key.row_stride, grad_value.row(b, 0),
+          grad_value.row_stride, grad_mask ? grad_mask + rows * p.len_k : nullptr,
+          grad_weights ? grad_weights + rows * p.len_k : nullptr);
+    }
+  });
+}
+
 }  // namespace
 
 bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
   return f32_gemm_available() && len_k > 0 &&
          !small_attention_fits<float>(len_k, dim_qk, dim_v);
+}
+
+template <typename T>
+bool attention_is_small(const AttentionProblem<T>& p) {
+  return p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
+         p.len_q <= kSmallBackwardMaxRows && p.narrow == AttentionProblem<T>::Narrow::none;
+}
+
+template <typename T>
+void attention_forward_rows(const AttentionProblem<T>& p, const OutputRows<T>& output,
+                            T* logsumexp) {
+  TORCH_CHECK(attention_is_small(p), "attention_forward_rows: the problem is not small");
+  small_forward(p, output, logsumexp, static_cast<T*>(nullptr), forward_query_block(p.len_q));
+}
+
+template <typename T>
+void attention_backward_rows(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
+                             const T* logsumexp, const OutputRows<T>& grad_query,
+                             const OutputRows<T>& grad_key, const OutputRows<T>& grad_value) {
+  TORCH_CHECK(attention_is_small(p), "attention_backward_rows: the problem is not small");
+  small_backward(p, grad_output, logsumexp, static_cast<const T*>(nullptr), grad_query, grad_key,
+                 grad_value, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
 }
 
 template <typename T>
@@ -508,21 +575,10 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
                                       f32_gemm_available()),
               "attention_forward: output16 is for narrow problems on the blocked path");
   if (small) {
-    // No BLAS and none of the blocked path's per-chunk buffers (without weights those include
-    // 64 KiB of zero-filled scores per chunk, which the small kernel never reads).
-    parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
-      for (int64_t task = next_task(); task >= 0; task = next_task()) {
-        const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
-        const int64_t rows = std::min(block_q, p.len_q - i0);
-        small_attention_rows(rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
-                             p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
-                             p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
-                             p.mask.row_stride, visible_base(p, i0, 0), p.scale,
-                             output + (b * p.len_q + i0) * p.dim_v, logsumexp + b * p.len_q + i0,
-                             weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr,
-                             p.len_k);
-      }
-    });
+    std::vector<int64_t> offsets(p.batch);
+    for (int64_t b = 0; b < p.batch; ++b) offsets[b] = b * p.len_q * p.dim_v;
+    small_forward(p, OutputRows<T>{output, offsets.data(), p.dim_v}, logsumexp, weights,
+                  block_q);
     return;
   }
   parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
@@ -601,21 +657,15 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
   if (small) {
-    // The kernel takes the deltas from its own P and dP (no pass over dO and O).
-    parallel_tasks(p.batch, [&](const auto& next_task) {
-      for (int64_t b = next_task(); b >= 0; b = next_task()) {
-        const int64_t rows = b * p.len_q;
-        small_attention_backward(
-            p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride, p.key.row(b, 0),
-            p.key.row_stride, p.value.row(b, 0), p.value.row_stride, mask_block(p, b, 0, 0),
-            p.mask.row_stride, visible_base(p, 0, 0), p.scale, grad_output.row(b, 0),
-            grad_output.row_stride, logsumexp + rows,
-            weights ? weights + rows * p.len_k : nullptr, grad_query + rows * E,
-            grad_key + b * p.len_k * E, grad_value + b * p.len_k * Ev,
-            grad_mask ? grad_mask + rows * p.len_k : nullptr,
-            grad_weights ? grad_weights + rows * p.len_k : nullptr);
-      }
-    });
+    std::vector<int64_t> q_offsets(p.batch), k_offsets(p.batch), v_offsets(p.batch);
+    for (int64_t b = 0; b < p.batch; ++b) {
+      q_offsets[b] = b * p.len_q * E;
+      k_offsets[b] = b * p.len_k * E;
+      v_offsets[b] = b * p.len_k * Ev;
+    }
+    small_backward(p, grad_output, logsumexp, weights, OutputRows<T>{grad_query, q_offsets.data(), E},
+                   OutputRows<T>{grad_key, k_offsets.data(), E},
+                   OutputRows<T>{grad_value, v_offsets.data(), Ev}, grad_mask, grad_weights);
     return;
   }
 
@@ -792,5 +842,21 @@ template void attention_backward<double>(const AttentionProblem<double>&,
                                          const BatchedRows<double>&, const double*,
                                          const double*, const double*, double*, double*,
                                          double*, double*, double*);
+
+template bool attention_is_small<float>(const AttentionProblem<float>&);
+template bool attention_is_small<double>(const AttentionProblem<double>&);
+template void attention_forward_rows<float>(const AttentionProblem<float>&,
+                                            const OutputRows<float>&, float*);
+template void attention_forward_rows<double>(const AttentionProblem<double>&,
+                                             const OutputRows<double>&, double*);
+template void attention_backward_rows<float>(const AttentionProblem<float>&,
+                                             const BatchedRows<float>&, const float*,
+                                             const OutputRows<float>&, const OutputRows<float>&,
+                                             const OutputRows<float>&);
+template void attention_backward_rows<double>(const AttentionProblem<double>&,
+                                              const BatchedRows<double>&, const double*,
+                                              const OutputRows<double>&,
+                                              const OutputRows<double>&,
+                                              const OutputRows<double>&);
 
 }  // namespace attnlab::cpu

@@ -17,6 +17,15 @@ struct BatchedRows {
   const T* row(int64_t b, int64_t r) const { return data + offset[b] + r * row_stride; }
 };
 
+// The same for outputs: entry b's row r at data + offset[b] + r * row_stride.
+template <typename T>
+struct OutputRows {
+  T* data = nullptr;
+  const int64_t* offset = nullptr;
+  int64_t row_stride = 0;
+  T* row(int64_t b, int64_t r) const { return data + offset[b] + r * row_stride; }
+};
+
 template <typename T>
 struct AttentionProblem {
   int64_t batch = 0, len_q = 0, len_k = 0, dim_qk = 0, dim_v = 0;
@@ -64,5 +73,26 @@ template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* output, const T* logsumexp, const T* weights, T* grad_query,
                         T* grad_key, T* grad_value, T* grad_mask, T* grad_weights);
+
+// Whether attention_forward and attention_backward compute p on the small kernels, whose rows
+// stay in registers (every key in one vector, at most 256 query rows per batch entry, the
+// inputs in T): the backward then never reads the forward's output, and the forms below take
+// p, writing their outputs at any row layout (the encoder block's heads side by side in its
+// token rows, where the contiguous forms needed copies).
+template <typename T>
+bool attention_is_small(const AttentionProblem<T>& p);
+
+// attention_forward without weights, for p where attention_is_small: entry b's output row r at
+// output.row(b, r); logsumexp [batch, len_q] contiguous.
+template <typename T>
+void attention_forward_rows(const AttentionProblem<T>& p, const OutputRows<T>& output,
+                            T* logsumexp);
+
+// attention_backward without weights or the mask's gradient, for p where attention_is_small,
+// each gradient's rows where its OutputRows puts them.
+template <typename T>
+void attention_backward_rows(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
+                             const T* logsumexp, const OutputRows<T>& grad_query,
+                             const OutputRows<T>& grad_key, const OutputRows<T>& grad_value);
 
 }  // namespace attnlab::cpu

@@ -234,18 +234,22 @@ template <typename T>
 struct HeadsProblem {
   AttentionProblem<T> problem;
   std::vector<int64_t> q_offsets, k_offsets, v_offsets;
+  // Each entry's rows in the token layout [N, E] (the attention's output, its gradient).
+  std::vector<int64_t> out_offsets;
 
   HeadsProblem(const EncoderBlockShape& s, const T* qkv, const BatchedRows<T>& mask) {
     const int64_t hd = s.head_dim(), entries = s.batch * s.heads;
     q_offsets.resize(entries);
     k_offsets.resize(entries);
     v_offsets.resize(entries);
+    out_offsets.resize(entries);
     for (int64_t b = 0; b < s.batch; ++b) {
       for (int64_t h = 0; h < s.heads; ++h) {
         const int64_t i = b * s.heads + h, base = b * s.length * 3 * s.dim + h * 3 * hd;
         q_offsets[i] = base;
         k_offsets[i] = base + hd;
         v_offsets[i] = base + 2 * hd;
+        out_offsets[i] = b * s.length * s.dim + h * hd;
       }
     }
     auto& p = problem;
@@ -297,7 +301,10 @@ void forward_chunk(const EncoderBlockShape& s, const T* x, const EncoderBlockPar
   }
   linear(n, e, 3 * e, attn_input, p.qkv_weight, p.qkv_bias, a.qkv);
   const HeadsProblem<T> heads(s, a.qkv, mask);
-  if (s.heads == 1) {  // [B, L, hd] is already [N, E]
+  if (attention_is_small(heads.problem)) {  // straight into the token rows [N, E]
+    attention_forward_rows(heads.problem, OutputRows<T>{a.attention, heads.out_offsets.data(), e},
+                           a.lse);
+  } else if (s.heads == 1) {  // [B, L, hd] is already [N, E]
     attention_forward(heads.problem, a.attention, a.lse, static_cast<T*>(nullptr));
   } else {
     T* by_head = buffers.take(n * e);
@@ -402,32 +409,39 @@ void backward_rows(const EncoderBlockShape& s, const T* grad_output, const Encod
   // Attention half.
   gemm(false, false, n, e, e, T(1), d.attn_out, e, p.out_weight, e, T(0), grad_attn, e);
   const HeadsProblem<T> heads(s, a.qkv, mask);
-  const int64_t entries = s.batch * s.heads;
-  std::vector<int64_t> grad_offsets(entries);
-  for (int64_t b = 0; b < s.batch; ++b) {
-    for (int64_t h = 0; h < s.heads; ++h) grad_offsets[b * s.heads + h] = b * s.length * e + h * hd;
-  }
-  const BatchedRows<T> grad_heads{grad_attn, grad_offsets.data(), e};
-  T* output_by_head = buffers.take(s.heads == 1 ? 0 : n * e);
-  const T* output_heads = a.attention;
-  if (s.heads > 1) {
-    for_each_head_row(s, e, hd, [&](int64_t head_row, int64_t token_row) {
-      std::copy(a.attention + token_row, a.attention + token_row + hd, output_by_head + head_row);
+  const BatchedRows<T> grad_heads{grad_attn, heads.out_offsets.data(), e};
+  if (attention_is_small(heads.problem)) {
+    // The gradients straight into the fused projection's layout, and the forward's output
+    // (which the small kernels do not read) left where it is.
+    const auto qkv_rows = [&](const std::vector<int64_t>& offsets) {
+      return OutputRows<T>{d.qkv, offsets.data(), 3 * e};
+    };
+    attention_backward_rows(heads.problem, grad_heads, a.lse, qkv_rows(heads.q_offsets),
+                            qkv_rows(heads.k_offsets), qkv_rows(heads.v_offsets));
+  } else {
+    T* output_by_head = buffers.take(s.heads == 1 ? 0 : n * e);
+    const T* output_heads = a.attention;
+    if (s.heads > 1) {
+      for_each_head_row(s, e, hd, [&](int64_t head_row, int64_t token_row) {
+        std::copy(a.attention + token_row, a.attention + token_row + hd,
+                  output_by_head + head_row);
+      });
+      output_heads = output_by_head;
+    }
+    T* grad_q = buffers.take(n * e);
+    T* grad_k = buffers.take(n * e);
+    T* grad_v = buffers.take(n * e);
+    attention_backward(heads.problem, grad_heads, output_heads, a.lse,
+                       static_cast<const T*>(nullptr), grad_q, grad_k, grad_v,
+                       static_cast<T*>(nullptr), static_cast<T*>(nullptr));
+    // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
+    for_each_head_row(s, 3 * e, 3 * hd, [&](int64_t head_row, int64_t token_row) {
+      T* dst = d.qkv + token_row;
+      std::copy(grad_q + head_row, grad_q + head_row + hd, dst);
+      std::copy(grad_k + head_row, grad_k + head_row + hd, dst + hd);
+      std::copy(grad_v + head_row, grad_v + head_row + hd, dst + 2 * hd);
     });
-    output_heads = output_by_head;
   }
-  T* grad_q = buffers.take(n * e);
-  T* grad_k = buffers.take(n * e);
-  T* grad_v = buffers.take(n * e);
-  attention_backward(heads.problem, grad_heads, output_heads, a.lse, static_cast<const T*>(nullptr),
-                     grad_q, grad_k, grad_v, static_cast<T*>(nullptr), static_cast<T*>(nullptr));
-  // Back into the fused projection's layout [N, per head q_h | k_h | v_h].
-  for_each_head_row(s, 3 * e, 3 * hd, [&](int64_t head_row, int64_t token_row) {
-    T* dst = d.qkv + token_row;
-    std::copy(grad_q + head_row, grad_q + head_row + hd, dst);
-    std::copy(grad_k + head_row, grad_k + head_row + hd, dst + hd);
-    std::copy(grad_v + head_row, grad_v + head_row + hd, dst + 2 * hd);
-  });
 
   if (s.norm_first) {
     // dx = ∂L/∂h + LN1'ᵀ·(∂L/∂LN1(x)); ∂L/∂LN1(x) is kept for LN1's parameters either way.

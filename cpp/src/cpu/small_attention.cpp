@@ -59,14 +59,15 @@ ATTNLAB_INLINE void key_scores(const Vec<T>* qt, int64_t dim, const T* k, int64_
   }
 }
 
-// out[i, :] = Σ_j pt[j][i]·v[j, :] for the first `group` rows (dim_v apart): straight into
+// out[i, :] = Σ_j pt[j][i]·v[j, :] for the first `group` rows (ld_out apart): straight into
 // rows, P's elements broadcast from pt against V's row vectors, eight rows and two vectors of
 // columns at a time (small_key_sums with rows in place of keys). Accumulating Oᵀ instead (rows
 // in lanes, V's elements broadcast) needed a transpose back to rows: 2 % slower forward.
 template <typename T>
 ATTNLAB_INLINE void weighted_rows(const Vec<T>* pt, int64_t len_k, const T* v, int64_t ldv,
-                                  int64_t dim_v, int64_t group, T* out) {
-  small_key_sums<T>(reinterpret_cast<const T*>(pt), len_k, group, v, ldv, dim_v, T(1), out);
+                                  int64_t dim_v, int64_t group, T* out, int64_t ld_out) {
+  small_key_sums<T>(reinterpret_cast<const T*>(pt), len_k, group, v, ldv, dim_v, T(1), out,
+                    ld_out);
 }
 
 // The first `group` rows of the L vectors x (one per key, rows in lanes) as rows of len_k
@@ -93,8 +94,9 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
                                               int64_t dim_v, const T* q, int64_t ldq,
                                               const T* k, int64_t ldk, const T* v, int64_t ldv,
                                               const T* mask, int64_t mask_ld,
-                                              int64_t visible_base, T scale, T* out, T* lse,
-                                              T* weights, int64_t ld_weights) {
+                                              int64_t visible_base, T scale, T* out,
+                                              int64_t ld_out, T* lse, T* weights,
+                                              int64_t ld_weights) {
   constexpr int64_t L = kLanes<T>;
   static_assert(L % 8 == 0);
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -135,7 +137,7 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
     alignas(64) Vec<T> pt[L];
     for (int64_t j = 0; j < L; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
-    weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * dim_v);
+    weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * ld_out, ld_out);
     if (weights) store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
     // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
     // (its sum is then NaN, and 0 otherwise).
@@ -146,7 +148,7 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
       const int64_t r = r0 + i;
       const int64_t n_visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
       const bool has_nan = sums[i] != sums[i];
-      std::fill(out + r * dim_v, out + (r + 1) * dim_v, has_nan ? kNaN : T(0));
+      std::fill(out + r * ld_out, out + r * ld_out + dim_v, has_nan ? kNaN : T(0));
       lse[r] = has_nan ? kNaN : kNegInf;
       if (weights) {
         T* wr = weights + r * ld_weights;
@@ -169,7 +171,7 @@ ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
     const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
-    T* dq, T* dk, T* dv, T* dmask, T* dweights) {
+    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights) {
   constexpr int64_t L = kLanes<T>;
   constexpr int64_t kRows = kSmallBackwardMaxRows;
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
@@ -216,11 +218,11 @@ ATTNLAB_INLINE void small_attention_backward_impl(
       std::memcpy(ds_all[j] + r0, &dst[j], sizeof(dst[j]));
     }
     // dQ = scale·dS·K.
-    weighted_rows(dst, len_k, k, ldk, dim_qk, group, dq + r0 * dim_qk);
+    weighted_rows(dst, len_k, k, ldk, dim_qk, group, dq + r0 * ld_dq, ld_dq);
   }
   // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
-  small_key_sums<T, 1, kRows>(ds_all[0], len_q, len_k, q, ldq, dim_qk, T(1), dk);
-  small_key_sums<T, 1, kRows>(pt_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv);
+  small_key_sums<T, 1, kRows>(ds_all[0], len_q, len_k, q, ldq, dim_qk, T(1), dk, ld_dk);
+  small_key_sums<T, 1, kRows>(pt_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv, ld_dv);
 }
 
 // The head sizes of the tutorials' models (32 and 64, equal for queries and values) as
@@ -232,17 +234,18 @@ ATTNLAB_INLINE void small_attention_rows_sized(int64_t rows, int64_t len_k, int6
                                                int64_t dim_v, const T* q, int64_t ldq,
                                                const T* k, int64_t ldk, const T* v, int64_t ldv,
                                                const T* mask, int64_t mask_ld,
-                                               int64_t visible_base, T scale, T* out, T* lse,
-                                               T* weights, int64_t ld_weights) {
+                                               int64_t visible_base, T scale, T* out,
+                                               int64_t ld_out, T* lse, T* weights,
+                                               int64_t ld_weights) {
   if (dim_qk == 32 && dim_v == 32) {
     small_attention_rows_impl<T>(rows, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                                 visible_base, scale, out, lse, weights, ld_weights);
+                                 visible_base, scale, out, ld_out, lse, weights, ld_weights);
   } else if (dim_qk == 64 && dim_v == 64) {
     small_attention_rows_impl<T>(rows, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                                 visible_base, scale, out, lse, weights, ld_weights);
+                                 visible_base, scale, out, ld_out, lse, weights, ld_weights);
   } else {
     small_attention_rows_impl<T>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                 mask_ld, visible_base, scale, out, lse, weights, ld_weights);
+                                 mask_ld, visible_base, scale, out, ld_out, lse, weights, ld_weights);
   }
 }
 
@@ -251,19 +254,19 @@ ATTNLAB_INLINE void small_attention_backward_sized(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
     const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
-    T* dq, T* dk, T* dv, T* dmask, T* dweights) {
+    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights) {
   if (dim_qk == 32 && dim_v == 32) {
     small_attention_backward_impl<T>(len_q, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask,
                                      mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, dk, dv, dmask, dweights);
+                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
   } else if (dim_qk == 64 && dim_v == 64) {
     small_attention_backward_impl<T>(len_q, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask,
                                      mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, dk, dv, dmask, dweights);
+                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
   } else {
     small_attention_backward_impl<T>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
                                      mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, dk, dv, dmask, dweights);
+                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
   }
 }
 
@@ -274,9 +277,10 @@ ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_
                                              const float* k, int64_t ldk, const float* v,
                                              int64_t ldv, const float* mask, int64_t mask_ld,
                                              int64_t visible_base, float scale, float* out,
-                                             float* lse, float* weights, int64_t ld_weights) {
+                                             int64_t ld_out, float* lse, float* weights,
+                                             int64_t ld_weights) {
   small_attention_rows_sized(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                             visible_base, scale, out, lse, weights, ld_weights);
+                             visible_base, scale, out, ld_out, lse, weights, ld_weights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
@@ -284,29 +288,32 @@ ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_
                                              const double* k, int64_t ldk, const double* v,
                                              int64_t ldv, const double* mask, int64_t mask_ld,
                                              int64_t visible_base, double scale, double* out,
-                                             double* lse, double* weights, int64_t ld_weights) {
+                                             int64_t ld_out, double* lse, double* weights,
+                                             int64_t ld_weights) {
   small_attention_rows_impl(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                            visible_base, scale, out, lse, weights, ld_weights);
+                            visible_base, scale, out, ld_out, lse, weights, ld_weights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_backward(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const float* q, int64_t ldq,
     const float* k, int64_t ldk, const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
     int64_t visible_base, float scale, const float* dout, int64_t ld_dout, const float* lse,
-    const float* probs, float* dq, float* dk, float* dv, float* dmask, float* dweights) {
+    const float* probs, float* dq, int64_t ld_dq, float* dk, int64_t ld_dk, float* dv,
+    int64_t ld_dv, float* dmask, float* dweights) {
   small_attention_backward_sized(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
                                  mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                 dq, dk, dv, dmask, dweights);
+                                 dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_backward(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const double* q, int64_t ldq,
     const double* k, int64_t ldk, const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
     int64_t visible_base, double scale, const double* dout, int64_t ld_dout, const double* lse,
-    const double* probs, double* dq, double* dk, double* dv, double* dmask, double* dweights) {
+    const double* probs, double* dq, int64_t ld_dq, double* dk, int64_t ld_dk, double* dv,
+    int64_t ld_dv, double* dmask, double* dweights) {
   small_attention_backward_impl(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
                                 mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                dq, dk, dv, dmask, dweights);
+                                dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
 }
 
 }  // namespace attnlab::cpu

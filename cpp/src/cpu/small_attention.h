@@ -23,7 +23,7 @@ constexpr bool small_attention_fits(int64_t len_k, int64_t dim_qk, int64_t dim_v
 }
 
 // rows query rows q (row stride ldq) against len_k keys k (ldk) and values v (ldv):
-// out[r, :] (row stride dim_v) = softmax(scale·q_r·kᵀ + mask_r)·v, lse[r] its log-sum-exp.
+// out[r, :] (row stride ld_out) = softmax(scale·q_r·kᵀ + mask_r)·v, lse[r] its log-sum-exp.
 // mask (nullable): additive rows with stride mask_ld. Row r sees keys
 // j < clamp(visible_base + r, 0, len_k) (kAllVisible: all). weights (nullable, row stride
 // ld_weights) receives the probabilities of the len_k keys. A row that sees no key gets zeros
@@ -31,16 +31,17 @@ constexpr bool small_attention_fits(int64_t len_k, int64_t dim_qk, int64_t dim_v
 void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                           const float* q, int64_t ldq, const float* k, int64_t ldk,
                           const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
-                          int64_t visible_base, float scale, float* out, float* lse,
-                          float* weights, int64_t ld_weights);
+                          int64_t visible_base, float scale, float* out, int64_t ld_out,
+                          float* lse, float* weights, int64_t ld_weights);
 void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                           const double* q, int64_t ldq, const double* k, int64_t ldk,
                           const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
-                          int64_t visible_base, double scale, double* out, double* lse,
-                          double* weights, int64_t ld_weights);
+                          int64_t visible_base, double scale, double* out, int64_t ld_out,
+                          double* lse, double* weights, int64_t ld_weights);
 
 // The gradients of one batch entry (all len_q query rows) under the same conditions: dq
-// [len_q, dim_qk], dk [len_k, dim_qk] and dv [len_k, dim_v] are written (not accumulated);
+// [len_q, dim_qk], dk [len_k, dim_qk] and dv [len_k, dim_v], their rows ld_dq, ld_dk and ld_dv
+// apart, are written (not accumulated);
 // dmask and dweights (nullable, [len_q, len_k]) receive dS and dP = dO·Vᵀ. probs (nullable,
 // row stride len_k) are the forward's probabilities, recomputed from lse when null.
 // visible_base as above for the first row (1 under the causal mask).
@@ -49,13 +50,14 @@ void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int6
                               const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
                               int64_t visible_base, float scale, const float* dout,
                               int64_t ld_dout, const float* lse, const float* probs, float* dq,
-                              float* dk, float* dv, float* dmask, float* dweights);
+                              int64_t ld_dq, float* dk, int64_t ld_dk, float* dv, int64_t ld_dv,
+                              float* dmask, float* dweights);
 void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                               const double* q, int64_t ldq, const double* k, int64_t ldk,
                               const double* v, int64_t ldv, const double* mask, int64_t mask_ld,
                               int64_t visible_base, double scale, const double* dout,
                               int64_t ld_dout, const double* lse, const double* probs,
-                              double* dq, double* dk, double* dv, double* dmask,
-                              double* dweights);
+                              double* dq, int64_t ld_dq, double* dk, int64_t ld_dk, double* dv,
+                              int64_t ld_dv, double* dmask, double* dweights);
 
 }  // namespace attnlab::cpu

@@ -444,8 +444,8 @@ ATTNLAB_INLINE void small_sparse_backward_impl(
     group_query_grads<T, kGroup>(dz, kp, len_k, dim_qk, scale, group, dq + r0 * dim_qk);
   }
   // dK_j = scale·Σ_i dZ_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
-  small_key_sums<T>(dz_all[0], len_q, len_k, q, ldq, dim_qk, scale, dk);
-  small_key_sums<T>(p_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv);
+  small_key_sums<T>(dz_all[0], len_q, len_k, q, ldq, dim_qk, scale, dk, dim_qk);
+  small_key_sums<T>(p_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv, dim_v);
 }
 
 template <typename T>

@@ -174,7 +174,7 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
 template <typename T, int64_t SI, int64_t SJ, int KJ, int NC>
 ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
-                                        int64_t c, T factor, T* dst) {
+                                        int64_t c, T factor, T* dst, int64_t ld_dst) {
   constexpr int64_t L = kLanes<T>;
   int64_t n[NC];
   ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) n[u] = std::min(L, dim - (c + u) * L);
@@ -195,7 +195,7 @@ ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j
   ATTNLAB_UNROLL for (int t = 0; t < KJ; ++t) {
     if (t >= keys) break;
     ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) {
-      store_part(dst + (j0 + t) * dim + (c + u) * L, acc[t][u] * factor, n[u]);
+      store_part(dst + (j0 + t) * ld_dst + (c + u) * L, acc[t][u] * factor, n[u]);
     }
   }
 }
@@ -203,31 +203,35 @@ ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j
 template <typename T, int64_t SI, int64_t SJ, int KJ>
 ATTNLAB_INLINE void small_key_sums_keys(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
-                                        T factor, T* dst) {
+                                        T factor, T* dst, int64_t ld_dst) {
   constexpr int64_t L = kLanes<T>;
   const int64_t vectors = (dim + L - 1) / L;
   int64_t c = 0;
   for (; c + 2 <= vectors; c += 2) {
-    small_key_sums_pass<T, SI, SJ, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
+    small_key_sums_pass<T, SI, SJ, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst,
+                                                  ld_dst);
   }
   if (c < vectors) {
-    small_key_sums_pass<T, SI, SJ, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst);
+    small_key_sums_pass<T, SI, SJ, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst,
+                                                  ld_dst);
   }
 }
 
-// dst_j = factor·Σ_i coeff(i, j)·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`):
+// dst_j = factor·Σ_i coeff(i, j)·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`;
+// dst's rows ld_dst apart):
 // the small backwards' dK (coeff = dS, x = Q) and dV (coeff = P, x = dO). Eight keys (four for
 // a last group of at most four) and two vectors of x at a time, accumulated in registers over
 // the len_q rows, so each row vector loaded serves eight keys.
 template <typename T, int64_t SI = kLanes<T>, int64_t SJ = 1>
 ATTNLAB_INLINE void small_key_sums(const T* coeff, int64_t len_q, int64_t len_k,
-                                   const T* x, int64_t ldx, int64_t dim, T factor, T* dst) {
+                                   const T* x, int64_t ldx, int64_t dim, T factor, T* dst,
+                                   int64_t ld_dst) {
   for (int64_t j0 = 0; j0 < len_k; j0 += 8) {
     const int64_t keys = std::min<int64_t>(8, len_k - j0);
     if (keys > 4) {
-      small_key_sums_keys<T, SI, SJ, 8>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
+      small_key_sums_keys<T, SI, SJ, 8>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst, ld_dst);
     } else {
-      small_key_sums_keys<T, SI, SJ, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst);
+      small_key_sums_keys<T, SI, SJ, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst, ld_dst);
     }
   }
 }

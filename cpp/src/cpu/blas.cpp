@@ -221,6 +221,38 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
   gemm_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+namespace {
+
+template <typename T>
+void gemm_add_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha,
+                  const T* a, int64_t lda, const T* b, int64_t ldb, T beta, const T* d,
+                  int64_t ldd, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (m > 0 && n > 0 && k > 0 && k <= kF32GemmMaxK && f32_gemm_available()) {
+      f32_gemm_add(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
+      return;
+    }
+  }
+  if (beta != T(0) && (d != c || ldd != ldc)) {  // C filled from D, then beta·C
+    for (int64_t i = 0; i < m; ++i) std::copy(d + i * ldd, d + i * ldd + n, c + i * ldc);
+  }
+  gemm_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+}  // namespace
+
+void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+              const float* d, int64_t ldd, float* c, int64_t ldc) {
+  gemm_add_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
+}
+
+void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+              const double* d, int64_t ldd, double* c, int64_t ldc) {
+  gemm_add_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
+}
+
 SequentialBlasScope::SequentialBlasScope() {
   if (MKL_Set_Num_Threads_Local) previous_ = MKL_Set_Num_Threads_Local(1);
 }

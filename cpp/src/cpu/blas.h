@@ -17,6 +17,17 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
           const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
           int64_t ldc);
 
+// C[m×n] = alpha·op(A)·op(B) + beta·D: gemm with the addend read from D, whose rows are ldd
+// apart (ldd = 0: one row added to every row of C, such as a bias). Where f32_gemm takes the
+// product, D is read as C is stored; elsewhere C is filled from D first. D may be C with
+// ldd = ldc (gemm); otherwise it must not overlap C. beta = 0 ignores D.
+void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+              const float* d, int64_t ldd, float* c, int64_t ldc);
+void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+              const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
+              const double* d, int64_t ldd, double* c, int64_t ldc);
+
 // float32 products whose sums are longer than this go to the BLAS even where f32_gemm runs
 // (blas.cpp has the measurements); up to it, each element of C rounds the same whatever the
 // product's other sizes.

@@ -169,8 +169,9 @@ ATTNLAB_F32 void drain(LineQueue& q) {
 // runs.
 template <int Rows, int Vecs, bool Zeros>
 ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t a_col,
-                              const float* b, int64_t ldb, float alpha, float beta, float* c,
-                              int64_t ldc, __mmask16 last) {
+                              const float* b, int64_t ldb, float alpha, float beta,
+                              const float* d, int64_t ldd, float* c, int64_t ldc,
+                              __mmask16 last) {
   __m512 acc[Rows][Vecs];
   for (int r = 0; r < Rows; ++r) {
     for (int v = 0; v < Vecs; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -236,7 +237,9 @@ ATTNLAB_F32_INLINE void block(int64_t k, const float* a, int64_t a_row, int64_t 
       const __mmask16 lanes = v == Vecs - 1 ? last : __mmask16(0xFFFF);
       float* cr = c + r * ldc + kL * v;
       __m512 out = alpha == 1.0f ? acc[r][v] : _mm512_mul_ps(acc[r][v], valpha);
-      if (beta != 0.0f) out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, cr), out);
+      if (beta != 0.0f) {
+        out = _mm512_fmadd_ps(vbeta, _mm512_maskz_loadu_ps(lanes, d + r * ldd + kL * v), out);
+      }
       _mm512_mask_storeu_ps(cr, lanes, out);
     }
   }
@@ -249,19 +252,20 @@ template <int Vecs, bool Zeros = false>
 ATTNLAB_F32 __attribute__((noinline)) void column_block(int64_t m, int64_t k, const float* a,
                                                         int64_t a_row,
                                      int64_t a_col, int64_t a_block, const float* b, int64_t ldb,
-                                     float alpha, float beta, float* c, int64_t ldc,
-                                     __mmask16 last) {
+                                     float alpha, float beta, const float* d, int64_t ldd,
+                                     float* c, int64_t ldc, __mmask16 last) {
   int64_t i0 = 0;
   const float* ai = a;  // op(A)'s rows from i0 (a_block apart per kRows rows)
   for (; i0 + kRows <= m; i0 += kRows, ai += a_block) {
-    block<kRows, Vecs, Zeros>(k, ai, a_row, a_col, b, ldb, alpha, beta, c + i0 * ldc, ldc,
-                              last);
+    block<kRows, Vecs, Zeros>(k, ai, a_row, a_col, b, ldb, alpha, beta, d + i0 * ldd, ldd,
+                              c + i0 * ldc, ldc, last);
   }
   float* ci = c + i0 * ldc;
+  const float* di = d + i0 * ldd;
   switch (m - i0) {  // the remaining rows in one block of their own size
 #define ATTNLAB_TAIL_BLOCK(R)                                                                \
   case R:                                                                                  \
-    block<R, Vecs, Zeros>(k, ai, a_row, a_col, b, ldb, alpha, beta, ci, ldc, last); \
+    block<R, Vecs, Zeros>(k, ai, a_row, a_col, b, ldb, alpha, beta, di, ldd, ci, ldc, last); \
     break;
     ATTNLAB_TAIL_BLOCK(7) ATTNLAB_TAIL_BLOCK(6) ATTNLAB_TAIL_BLOCK(5) ATTNLAB_TAIL_BLOCK(4)
     ATTNLAB_TAIL_BLOCK(3) ATTNLAB_TAIL_BLOCK(2) ATTNLAB_TAIL_BLOCK(1)
@@ -365,25 +369,26 @@ ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
   for (int r = 0; r < Rows; ++r) row_max[r] = max_of_lanes(max[r]);
 }
 
-// C[:, 0 : width] = alpha·op(A)·P + beta·C for a packed panel P of width <= kVecs·16 columns
-// (rows ldo apart): a block of kVecs vectors, or of fewer for a narrow last panel.
+// C[:, 0 : width] = alpha·op(A)·P + beta·D for a packed panel P of width <= kVecs·16 columns
+// (rows ldo apart): a block of kVecs vectors, or of fewer for a narrow last panel. D's rows are
+// ldd apart (0: one row for all; D = C, ldd = ldc: the usual beta·C).
 ATTNLAB_F32_INLINE void panel_product(int64_t m, int64_t k, const float* a, int64_t a_row,
                                       int64_t a_col, int64_t a_block, const float* panel,
                                       int64_t ldo, int64_t width, float alpha, float beta,
-                                      float* c, int64_t ldc) {
+                                      const float* d, int64_t ldd, float* c, int64_t ldc) {
   if (width == kVecs * kL) {
     if (deferred_lines.pending()) {
-      column_block<kVecs, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+      column_block<kVecs, true>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, d, ldd, c, ldc,
                                 __mmask16(0xFFFF));
     } else {
-      column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+      column_block<kVecs>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, d, ldd, c, ldc,
                           __mmask16(0xFFFF));
     }
   } else if (width > kL) {
-    column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+    column_block<2>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, d, ldd, c, ldc,
                     first_lanes(width - kL));
   } else {
-    column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, c, ldc,
+    column_block<1>(m, k, a, a_row, a_col, a_block, panel, ldo, alpha, beta, d, ldd, c, ldc,
                     first_lanes(width));
   }
 }
@@ -401,7 +406,8 @@ template <int Vecs>
 ATTNLAB_F32_INLINE void f32_gemm_panels(bool trans_b, int64_t m, int64_t n, int64_t k,
                                         float alpha, const float* a, int64_t a_row,
                                         int64_t a_col, int64_t a_block, const float* b,
-                                        int64_t ldb, float beta, float* c, int64_t ldc) {
+                                        int64_t ldb, float beta, const float* d, int64_t ldd,
+                                        float* c, int64_t ldc) {
   thread_local AlignedVector<float> packed_b;  // per thread, grown as needed
   constexpr int64_t kCols = Vecs * kL;
   const int64_t chunk = std::min(k, kChunk);
@@ -417,8 +423,13 @@ ATTNLAB_F32_INLINE void f32_gemm_panels(bool trans_b, int64_t m, int64_t n, int6
         pack_rows(b + p0 * ldb + j0, ldb, steps, width, panel, ldo);
       }
       // Later chunks add to what the earlier ones wrote.
-      panel_product(m, steps, a + p0 * a_col, a_row, a_col, a_block, panel, ldo, width, alpha,
-                    p0 == 0 ? beta : 1.0f, c + j0, ldc);
+      if (p0 == 0) {
+        panel_product(m, steps, a, a_row, a_col, a_block, panel, ldo, width, alpha, beta,
+                      d + j0, ldd, c + j0, ldc);
+      } else {
+        panel_product(m, steps, a + p0 * a_col, a_row, a_col, a_block, panel, ldo, width, alpha,
+                      1.0f, c + j0, ldc, c + j0, ldc);
+      }
     }
   }
 }
@@ -461,7 +472,7 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
     for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
       panel_product(m, std::min(kChunk, k - p0), a + p0 * a_col, a_row, a_col, a_block,
                     panel + (row0 + p0) * ldo, ldo, width, alpha, p0 == 0 ? beta : 1.0f,
-                    c + j0, ldc);
+                    c + j0, ldc, c + j0, ldc);
     }
   }
   if (row_max != nullptr) {
@@ -490,7 +501,8 @@ ATTNLAB_F32 void f32_pack_b_avx512(bool trans_b, int64_t n, int64_t k, const flo
 
 ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                  float alpha, const float* a, int64_t lda, const float* b,
-                                 int64_t ldb, float beta, float* c, int64_t ldc) {
+                                 int64_t ldb, float beta, const float* d, int64_t ldd,
+                                 float* c, int64_t ldc) {
   if (trans_a && k > kPackTransposedAFromK && n > kVecs * kL) {
     // op(A) = Aᵀ over a long sum: each step of a register block reads its 8 elements from
     // another row of A (lda apart), a cache line apiece, and every column panel reads them all
@@ -504,12 +516,12 @@ ATTNLAB_F32 void f32_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_t 
     if (static_cast<int64_t>(packed_a.size()) < size) packed_a.resize(size);
     pack_transposed_a(a, lda, m, k, packed_a.data());
     f32_gemm_panels<kVecs>(trans_b, m, n, k, alpha, packed_a.data(), 1, kRows, kRows * k, b,
-                           ldb, beta, c, ldc);
+                           ldb, beta, d, ldd, c, ldc);
     return;
   }
   const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
   f32_gemm_panels<kVecs>(trans_b, m, n, k, alpha, a, a_row, a_col, kRows * a_row, b, ldb, beta,
-                         c, ldc);
+                         d, ldd, c, ldc);
 }
 
 ATTNLAB_F32 void f32_widen_rows_avx512(const uint16_t* src, int64_t ld, int64_t rows,
@@ -673,12 +685,21 @@ void f32_narrow_rows(const float*, int64_t, int64_t, bool, uint16_t*, int64_t) {
 void f32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc) {
+  f32_gemm_add(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, c, ldc);
+}
+
+void f32_gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                  const float* d, int64_t ldd, float* c, int64_t ldc) {
 #ifdef ATTNLAB_HAVE_F32_KERNEL
   if (m > 0 && n > 0 && k > 0 && f32_gemm_available()) {
-    f32_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    f32_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
     return;
   }
 #endif
+  if (beta != 0.0f && (d != c || ldd != ldc)) {  // C filled from D, then beta·C
+    for (int64_t i = 0; i < m; ++i) std::copy(d + i * ldd, d + i * ldd + n, c + i * ldc);
+  }
   blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -21,6 +21,14 @@ void f32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc);
 
+// C[m×n] = alpha·op(A)·op(B) + beta·D: f32_gemm with the addend read from D, whose rows are
+// ldd apart (ldd = 0: one row added to every row of C, such as a bias), as the product stores
+// C. Filling C with D first and reading it back (beta = 1) cost a pass over C. D may be C with
+// ldd = ldc (f32_gemm); otherwise it must not overlap C. beta = 0 ignores D.
+void f32_gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                  const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+                  const float* d, int64_t ldd, float* c, int64_t ldc);
+
 // op(B) packed once and reused by several products (the attention forward packs a head's K
 // and V once for all of its query blocks, where f32_gemm would pack them again for each: at
 // 64×512×64, one Intel Xeon thread, 130 GFLOP/s with the packing, 154 without).

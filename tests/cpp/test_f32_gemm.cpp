@@ -366,51 +366,43 @@ TEST(F32Gemm, DeferredScaledCopiesAreWrittenBeforeZerosAndExactlyWhereOwed) {
 // gemm_add (and f32_gemm_add under it): C = alpha·op(A)·op(B) + beta·D with D apart from C
 // (rows ldd apart, or one bias row for all with ldd = 0) is, to the bit, gemm on a C filled
 // with D first: sums of one chunk and of several (k > 256, where the later chunks must add to
-// C and not to D again), all transposes, in float and double; D is left unchanged; beta = 0
-// ignores a NaN D.
+// C and not to D again), all transposes, in float (attnlab's kernel) and double (the BLAS); D
+// is left unchanged; beta = 0 ignores a NaN D.
+template <typename T>
+void expect_gemm_add_is_gemm_on_filled_c(bool ta, bool tb, int64_t m, int64_t n, int64_t k,
+                                         int64_t ldd, std::mt19937& rng) {
+  std::normal_distribution<T> normal;
+  const int64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n + 3;
+  std::vector<T> a(m * k), b(k * n), d(ldd == 0 ? n : m * ldd);
+  for (std::vector<T>* v : {&a, &b, &d}) {
+    for (T& x : *v) x = normal(rng);
+  }
+  const std::vector<T> d_before = d;
+  std::vector<T> c(m * ldc, std::numeric_limits<T>::quiet_NaN()), filled = c;
+  for (int64_t i = 0; i < m; ++i) {
+    std::copy(d.data() + i * ldd, d.data() + i * ldd + n, filled.data() + i * ldc);
+  }
+  attnlab::cpu::gemm_add(ta, tb, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(1.5),
+                         d.data(), ldd, c.data(), ldc);
+  attnlab::cpu::gemm(ta, tb, m, n, k, T(0.5), a.data(), lda, b.data(), ldb, T(1.5),
+                     filled.data(), ldc);
+  int64_t differ = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    differ += std::memcmp(c.data() + i * ldc, filled.data() + i * ldc, n * sizeof(T)) != 0;
+  }
+  EXPECT_EQ(differ, 0) << sizeof(T) << "-byte, k " << k << " ta " << ta << " tb " << tb
+                       << " ldd " << ldd;
+  EXPECT_EQ(d, d_before);
+}
+
 TEST(F32Gemm, GemmAddIsGemmOnCFilledFromD) {
   std::mt19937 rng(31);
-  std::normal_distribution<float> normal;
   for (const int64_t k : {7, 256, 600}) {
     for (const bool ta : {false, true}) {
       for (const bool tb : {false, true}) {
-        for (const int64_t ldd_kind : {0, 1}) {
-          const int64_t m = 21, n = 45, lda = ta ? m : k, ldb = tb ? k : n, ldc = n + 3;
-          const int64_t ldd = ldd_kind == 0 ? 0 : n + 5;
-          std::vector<float> a(k * std::max(m, k) + m * k), b(k * n + n * k);
-          for (float& x : a) x = normal(rng);
-          for (float& x : b) x = normal(rng);
-          std::vector<float> d(ldd == 0 ? n : m * ldd);
-          for (float& x : d) x = normal(rng);
-          const std::vector<float> d_before = d;
-          std::vector<float> c(m * ldc, kNaN), filled(m * ldc, kNaN);
-          for (int64_t i = 0; i < m; ++i) {
-            std::copy(d.data() + i * ldd, d.data() + i * ldd + n, filled.data() + i * ldc);
-          }
-          attnlab::cpu::gemm_add(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.5f,
-                                 d.data(), ldd, c.data(), ldc);
-          attnlab::cpu::gemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 1.5f,
-                             filled.data(), ldc);
-          int64_t differ = 0;
-          for (int64_t i = 0; i < m; ++i) {
-            differ += std::memcmp(c.data() + i * ldc, filled.data() + i * ldc,
-                                  n * sizeof(float)) != 0;
-          }
-          EXPECT_EQ(differ, 0) << "k " << k << " ta " << ta << " tb " << tb << " ldd " << ldd;
-          EXPECT_EQ(d, d_before);
-          // double: through the BLAS, the same contract
-          std::vector<double> ad(a.begin(), a.end()), bd(b.begin(), b.end());
-          std::vector<double> dd(d.begin(), d.end()), cd(m * ldc), fd(m * ldc);
-          for (int64_t i = 0; i < m; ++i) {
-            std::copy(dd.data() + i * ldd, dd.data() + i * ldd + n, fd.data() + i * ldc);
-          }
-          attnlab::cpu::gemm_add(ta, tb, m, n, k, 0.5, ad.data(), lda, bd.data(), ldb, 1.5,
-                                 dd.data(), ldd, cd.data(), ldc);
-          attnlab::cpu::gemm(ta, tb, m, n, k, 0.5, ad.data(), lda, bd.data(), ldb, 1.5,
-                             fd.data(), ldc);
-          for (int64_t i = 0; i < m; ++i) {
-            for (int64_t j = 0; j < n; ++j) ASSERT_EQ(cd[i * ldc + j], fd[i * ldc + j]);
-          }
+        for (const int64_t ldd : {int64_t(0), int64_t(45 + 5)}) {
+          expect_gemm_add_is_gemm_on_filled_c<float>(ta, tb, 21, 45, k, ldd, rng);
+          expect_gemm_add_is_gemm_on_filled_c<double>(ta, tb, 21, 45, k, ldd, rng);
         }
       }
     }

@@ -646,9 +646,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   // Every key in one vector: one register-resident pass per batch entry, which writes every
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
   // about as much as the kernel's arithmetic).
-  const bool small = p.len_q > 0 && p.len_k > 0 &&
-                     small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
-                     p.len_q <= kSmallBackwardMaxRows;
+  const bool small = attention_is_small(p);
   // The blocked path's tasks zero their own parts of dQ, dK and dV just before they add to
   // them (in parallel, and in cache for the additions that follow).
   if (!small && grad_mask) {

@@ -4,6 +4,7 @@
 // larger ones go to the Fortran BLAS that torch links (MKL in the x86-64 wheels) or the
 // system BLAS.
 
+#include <algorithm>
 #include <cstdint>
 
 namespace attnlab::cpu {
@@ -27,6 +28,14 @@ void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
               const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
               const double* d, int64_t ldd, double* c, int64_t ldc);
+
+// gemm_add's route where the product does not read D itself: C filled from D (when beta reads
+// it and D is not C), after which gemm's beta·C adds it.
+template <typename T>
+void fill_addend(int64_t m, int64_t n, T beta, const T* d, int64_t ldd, T* c, int64_t ldc) {
+  if (beta == T(0) || (d == c && ldd == ldc)) return;
+  for (int64_t i = 0; i < m; ++i) std::copy(d + i * ldd, d + i * ldd + n, c + i * ldc);
+}
 
 // float32 products whose sums are longer than this go to the BLAS even where f32_gemm runs
 // (blas.cpp has the measurements); up to it, each element of C rounds the same whatever the

@@ -697,9 +697,7 @@ void f32_gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
     return;
   }
 #endif
-  if (beta != 0.0f && (d != c || ldd != ldc)) {  // C filled from D, then beta·C
-    for (int64_t i = 0; i < m; ++i) std::copy(d + i * ldd, d + i * ldd + n, c + i * ldc);
-  }
+  fill_addend(m, n, beta, d, ldd, c, ldc);
   blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

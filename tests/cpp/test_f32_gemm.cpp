@@ -218,6 +218,49 @@ TEST(F32Gemm, PackedRowMaxIsTheMaxOfEachRowsVisibleColumns) {
                c10::Error);
 }
 
+// Rows queued for prefetch (f32_prefetch_rows) are only hints: the products with row_max that
+// issue them give the same bits as without a queue, whatever the regions (ragged, misaligned,
+// strided, more than the queue holds, empty, or replaced by a null region).
+TEST(F32Gemm, PrefetchedRowsChangeNoResult) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_packed needs AVX-512";
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal;
+  constexpr int64_t m = 19, n = 300, k = 64;
+  std::vector<float> a(m * k), b(k * n), packed(attnlab::cpu::f32_packed_size(n, k));
+  for (float& x : a) x = normal(rng);
+  for (float& x : b) x = normal(rng);
+  attnlab::cpu::f32_pack_b(true, n, k, b.data(), k, packed.data());
+  const auto product = [&](std::vector<float>& c, std::vector<float>& row_max) {
+    c.assign(m * n, 0.0f);
+    row_max.assign(m, 0.0f);
+    attnlab::cpu::f32_gemm_packed(false, m, n, k, 0.125f, a.data(), k, packed.data(), n, k, 0,
+                                  0.0f, c.data(), n, row_max.data(), 7);
+  };
+  std::vector<float> c0, max0, c, row_max;
+  product(c0, max0);
+  std::vector<float> source(4096 + 3);
+  int differing = 0;
+  const auto check = [&] {
+    product(c, row_max);
+    product(c, row_max);  // the rest of a queue longer than one product issues
+    differing += std::memcmp(c.data(), c0.data(), c.size() * sizeof(float)) != 0;
+    differing += std::memcmp(row_max.data(), max0.data(), m * sizeof(float)) != 0;
+  };
+  attnlab::cpu::f32_prefetch_rows(source.data() + 3, 1, 4000 * 4, 4000 * 4);
+  check();
+  attnlab::cpu::f32_prefetch_rows(source.data() + 1, 17, 100, 236);
+  for (int i = 0; i < 6; ++i) {  // beyond the queue's regions
+    attnlab::cpu::f32_prefetch_rows(source.data() + 5 * i, 9, 60, 60, true);
+  }
+  check();
+  attnlab::cpu::f32_prefetch_rows(source.data(), 0, 64, 64);
+  check();
+  attnlab::cpu::f32_prefetch_rows(source.data(), 8, 256, 256);
+  attnlab::cpu::f32_prefetch_rows(nullptr, 0, 0, 0);
+  check();
+  EXPECT_EQ(differing, 0);
+}
+
 // Deferred zeros (f32_defer_zeros): regions of rows written by the products that run while they
 // are owed (part of them) and by f32_flush_zeros (the rest), exactly there and nowhere else; the
 // products' results bitwise those of the same products without zeros owed; misaligned or ragged

@@ -149,6 +149,44 @@ thread_local DeferredLines deferred_lines;
 // query block, 14.7–15.2 with a line every other step.
 constexpr int64_t kZeroEvery = 2;
 
+// Lines to prefetch into L2 (f32_prefetch_rows): issued one every kPrefetchEvery steps of the
+// scores' products (rows_with_max), so that each finds a free fill buffer. The cursor walks one
+// region; the regions queued after it wait in prefetch_queue.
+struct PrefetchLines {
+  const char* at = nullptr;
+  int64_t lines = 0, row_lines = 0, rows = 0, skip = 0;  // skip: bytes from a row's end to the next
+};
+thread_local PrefetchLines prefetch_lines;
+struct PrefetchQueue {
+  PrefetchLines regions[4];
+  int next = 0, count = 0;
+};
+thread_local PrefetchQueue prefetch_queue;
+constexpr int64_t kPrefetchEvery = 4;
+
+__attribute__((noinline)) void prefetch_refill(PrefetchLines& pf) {
+  PrefetchQueue& q = prefetch_queue;
+  if (q.next < q.count) {
+    pf = q.regions[q.next++];
+  } else {
+    pf = PrefetchLines{};
+  }
+}
+
+ATTNLAB_F32_INLINE void prefetch_step(PrefetchLines& pf) {
+  _mm_prefetch(pf.at, _MM_HINT_T1);
+  pf.at += 64;
+  if (--pf.lines == 0) {
+    if (pf.rows > 0) {
+      pf.at += pf.skip;
+      pf.lines = pf.row_lines;
+      --pf.rows;
+    } else {
+      prefetch_refill(pf);
+    }
+  }
+}
+
 // Writes a queue's owed lines until none is left, one row (or what is left of it) at a time.
 ATTNLAB_F32 void drain(LineQueue& q) {
   for (q.refill(); q.lines > 0; q.refill()) {
@@ -317,10 +355,12 @@ template <int Rows>
 ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row, int64_t a_col,
                                        const float* b, int64_t ldb, __mmask16 lanes0,
                                        __mmask16 lanes1, float alpha, float* c, int64_t ldc,
-                                       int64_t seen0, bool whole, __m512 (&max)[Rows]) {
+                                       int64_t seen0, bool whole, __m512 (&max)[Rows],
+                                       PrefetchLines& pf) {
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (int64_t p = 0; p < k; ++p) {
+    if (p % kPrefetchEvery == kPrefetchEvery - 1 && pf.lines > 0) prefetch_step(pf);
     const __m512 b0 = _mm512_loadu_ps(b + p * ldb);
     const __m512 b1 = _mm512_maskz_loadu_ps(lanes1, b + p * ldb + kL);
     const float* ap = a + p * a_col;
@@ -358,14 +398,16 @@ ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
   static_assert(kVecs == 2);
   __m512 max[Rows];
   for (int r = 0; r < Rows; ++r) max[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  PrefetchLines pf = prefetch_lines;
   for (int64_t j0 = 0; j0 < n; j0 += kCols) {
     const int64_t ldb = round_up(std::min(kCols, packed_n - j0), kL);
     const float* b = packed + (j0 / kCols) * panel_stride + row0 * ldb;
     const int64_t width = std::min(kCols, n - j0);
     const int64_t seen0 = visible - j0;  // the columns of this panel that row 0 sees
     panel_with_max<Rows>(k, a, a_row, a_col, b, ldb, first_lanes(width), first_lanes(width - kL),
-                         alpha, c + j0, ldc, seen0, width == kCols && seen0 >= kCols, max);
+                         alpha, c + j0, ldc, seen0, width == kCols && seen0 >= kCols, max, pf);
   }
+  prefetch_lines = pf;
   for (int r = 0; r < Rows; ++r) row_max[r] = max_of_lanes(max[r]);
 }
 
@@ -618,6 +660,38 @@ void f32_flush_scaled_rows() {
   if (f32_gemm_available()) f32_flush_scaled_rows_avx512();  // (nothing can be owed elsewhere)
 }
 
+void f32_prefetch_rows(const void* first, int64_t rows, int64_t row_bytes, int64_t ld_bytes,
+                       bool append) {
+  PrefetchQueue& q = prefetch_queue;
+  if (!append) {
+    q.next = q.count = 0;
+    prefetch_lines = PrefetchLines{};
+  }
+  if (first == nullptr || rows <= 0 || row_bytes <= 0) return;
+  if (ld_bytes == row_bytes) {  // contiguous rows: one run
+    row_bytes *= rows;
+    rows = 1;
+  }
+  PrefetchLines pf;
+  // From the line that holds the first byte to the one that holds the row's last.
+  const auto start = reinterpret_cast<uintptr_t>(first) & ~uintptr_t(63);
+  const int64_t row_lines =
+      static_cast<int64_t>((reinterpret_cast<uintptr_t>(first) + row_bytes + 63 - start) / 64);
+  pf.at = reinterpret_cast<const char*>(start);
+  if (rows == 1) {
+    pf.lines = row_lines;
+  } else {
+    pf.lines = pf.row_lines = row_lines;
+    pf.rows = rows - 1;
+    pf.skip = ld_bytes - row_lines * 64;
+  }
+  if (prefetch_lines.lines == 0) {
+    prefetch_lines = pf;
+  } else if (q.count < 4) {
+    q.regions[q.count++] = pf;
+  }
+}
+
 void f32_flush_zeros() {
   if (f32_gemm_available()) f32_flush_zeros_avx512();  // (nothing can be owed elsewhere)
 }
@@ -663,6 +737,8 @@ void f32_defer_zeros(float*, int64_t, int64_t, int64_t) {
 }
 
 void f32_flush_zeros() {}
+
+void f32_prefetch_rows(const void*, int64_t, int64_t, int64_t, bool) {}
 
 void f32_defer_scaled_rows(const float*, int64_t, const float*, float*, int64_t, int64_t,
                            int64_t) {

@@ -351,10 +351,11 @@ bool weights_through_buffer(int64_t block_q, int64_t len_k) {
 // (the next group's or task's, or the next entry's first), then the slice of the next entry's
 // K and V that matches these rows, which that entry's first task packs. The query rows were
 // read from beyond L2 by the products' first panel: on one Intel Xeon (model 207) thread the
-// scores of a 16-row group ran at 0.70× MKL's rate with Q from memory, 0.90× with Q in L2, and
-// prefetched as one burst before the products the lines gained about 3 % (the burst stalls for
-// fill buffers); one line every few steps made the (8, 8, 512, 64) forward 0.93-0.96× the time
-// (causal and not, 1 and 2 threads), with K and V's slices 0.93-0.95×.
+// scores of 16-row groups ran at 0.70-0.75× MKL's rate with Q from memory and 0.90× with Q in
+// L2. Prefetched as one burst before the products, the lines gained 3 % (the burst waits for
+// fill buffers); a few after each panel of the products (f32_gemm.cpp), the (8, 8, 512, 64)
+// forward took 0.91-0.96× the time, causal and not, on 1 and 2 threads (in-process
+// alternation; (2, 8, 2048, 64) causal 0.92-1.01×).
 template <typename T>
 void prefetch_next(const AttentionProblem<T>& p, int64_t b, int64_t row, int64_t rows) {
   if constexpr (std::is_same_v<T, float>) {

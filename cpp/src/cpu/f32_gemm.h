@@ -65,9 +65,10 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
 // f32_flush_zeros anywhere (a no-op where nothing can be owed).
 void f32_defer_zeros(float* dst, int64_t count, int64_t rows = 1, int64_t ld = 0);
 void f32_flush_zeros();
-// Rows (rows of row_bytes bytes, ld_bytes apart) that this thread reads soon: the next scores'
-// products (f32_gemm_packed with row_max) prefetch them into L2 a line every few steps of their
-// sums. Replaces what earlier calls queued, or with append queues these after them.
+// Rows (rows of row_bytes bytes, ld_bytes apart) that this thread reads soon: this thread's
+// next scores' products (f32_gemm_packed with row_max) prefetch them into L2, a few lines after
+// each panel of 32 columns. Replaces what earlier calls queued, or with append queues these after
+// them (up to four regions). Only a hint: no result depends on it.
 void f32_prefetch_rows(const void* first, int64_t rows, int64_t row_bytes, int64_t ld_bytes,
                        bool append = false);
 

@@ -355,21 +355,6 @@ ATTNLAB_F32 void pack_transposed_a(const float* a, int64_t lda, int64_t m, int64
 ATTNLAB_F32_INLINE float max_of_lanes(__m512 x) { return _mm512_reduce_max_ps(x); }
 #pragma GCC diagnostic pop
 
-// One step of the sums of Rows rows by two vectors (the second under lanes1): B's row b, the
-// rows' A elements ap[r·a_row].
-template <int Rows>
-ATTNLAB_F32_INLINE void two_vector_step(const float* b, __mmask16 lanes1, const float* ap,
-                                        int64_t a_row, __m512 (&acc0)[Rows],
-                                        __m512 (&acc1)[Rows]) {
-  const __m512 b0 = _mm512_loadu_ps(b);
-  const __m512 b1 = _mm512_maskz_loadu_ps(lanes1, b + kL);
-  for (int r = 0; r < Rows; ++r) {
-    const __m512 av = _mm512_set1_ps(ap[r * a_row]);
-    acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
-    acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
-  }
-}
-
 // One panel of rows_with_max: its products, stored, and joined to the rows' running maxima.
 template <int Rows>
 ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row, int64_t a_col,
@@ -379,7 +364,14 @@ ATTNLAB_F32_INLINE void panel_with_max(int64_t k, const float* a, int64_t a_row,
   __m512 acc0[Rows], acc1[Rows];
   for (int r = 0; r < Rows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
   for (int64_t p = 0; p < k; ++p) {
-    two_vector_step<Rows>(b + p * ldb, lanes1, a + p * a_col, a_row, acc0, acc1);
+    const __m512 b0 = _mm512_loadu_ps(b + p * ldb);
+    const __m512 b1 = _mm512_maskz_loadu_ps(lanes1, b + p * ldb + kL);
+    const float* ap = a + p * a_col;
+    for (int r = 0; r < Rows; ++r) {
+      const __m512 av = _mm512_set1_ps(ap[r * a_row]);
+      acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+    }
   }
   const __m512 valpha = _mm512_set1_ps(alpha);
   for (int r = 0; r < Rows; ++r) {

@@ -96,6 +96,9 @@ struct PackedHead {
   const uint16_t* query16 = nullptr;
   int64_t ld_query16 = 0, query16_row0 = 0;
   float query16_alpha = 1.0f;
+  // Or, instead of value, V's own rows (dim_v a multiple of 16: f32_gemm_rows), ld_value_rows apart.
+  const float* value_rows = nullptr;
+  int64_t ld_value_rows = 0;
 };
 
 // Per thread: the packed K and V of the batch entry whose query blocks it is running, packed
@@ -103,6 +106,12 @@ struct PackedHead {
 // blocks one after another).
 class HeadPacker {
  public:
+  // Whether the P·V products read V's rows in place (f32_gemm_rows) instead of a packed copy:
+  // packing only copied them, a read and a write of every head's V per call.
+  static bool values_in_place(const AttentionProblem<float>& p) {
+    return p.dim_v % 16 == 0;
+  }
+
   // id_k, id_v: what identifies the entry's K and V (their float rows by default; the
   // narrow inputs' rows when HeadWidener made the float ones, in buffers reused per entry).
   template <typename T>
@@ -118,15 +127,24 @@ class HeadPacker {
           pack_bf16(p, k, p.key.row_stride, v, p.value.row_stride);
         } else {
           keys_.resize(f32_packed_size(p.len_k, p.dim_qk));
-          values_.resize(f32_packed_size(p.dim_v, p.len_k));
           f32_pack_b(true, p.len_k, p.dim_qk, k, p.key.row_stride, keys_.data());
-          f32_pack_b(false, p.dim_v, p.len_k, v, p.value.row_stride, values_.data());
+          if (!values_in_place(p)) {
+            values_.resize(f32_packed_size(p.dim_v, p.len_k));
+            f32_pack_b(false, p.dim_v, p.len_k, v, p.value.row_stride, values_.data());
+          }
         }
         key_ = id_k;
         value_ = id_v;
       }
       if (p.bf16_operands) return packed_bf16(p);
-      return {keys_.data(), values_.data()};
+      PackedHead packed{keys_.data()};
+      if (values_in_place(p)) {
+        packed.value_rows = v;
+        packed.ld_value_rows = p.value.row_stride;
+      } else {
+        packed.value = values_.data();
+      }
+      return packed;
     } else {
       return {};
     }
@@ -303,6 +321,12 @@ void values_gemm(const AttentionProblem<T>& p, const PackedHead& packed, int64_t
     if (packed.value) {
       f32_gemm_packed(false, rows, p.dim_v, cols, 1.0f, probs, ldp, packed.value, p.dim_v,
                       p.len_k, j0, beta, out, p.dim_v);
+      return;
+    }
+    if (packed.value_rows) {
+      f32_gemm_rows(rows, p.dim_v, cols, 1.0f, probs, ldp,
+                    packed.value_rows + j0 * packed.ld_value_rows, packed.ld_value_rows, beta,
+                    out, p.dim_v);
       return;
     }
   }

@@ -163,11 +163,11 @@ TEST(F32Gemm, PackedOperandsAndSumsLongerThanAChunk) {
   EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
 }
 
-// f32_gemm_rows (B's rows read in place, no transposes) through run_case's float64 check.
+// f32_gemm_rows (B's rows read in place, op(A) either way) through run_case's float64 check.
 void rows_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  ASSERT_FALSE(ta || tb);
-  attnlab::cpu::f32_gemm_rows(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  ASSERT_FALSE(tb);
+  attnlab::cpu::f32_gemm_rows(ta, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // m around the 6-row blocks and the 8-row ones, n around the 64-column blocks with 16, 32 and
@@ -180,16 +180,18 @@ TEST(F32Gemm, RowsOfBInPlaceMatchFloat64) {
   for (const int64_t m : {1, 5, 6, 7, 12, 16, 17, 64}) {
     for (const int64_t n : {16, 48, 64, 80, 112, 128}) {
       for (const int64_t k : {1, 7, 127, 128, 129, 257, 520}) {
-        wrong += run_case(&rows_gemm, {false, false, m, n, k, 1.0f, 0.0f, 3}, rng);
-        wrong += run_case(&rows_gemm, {false, false, m, n, k, 0.5f, 1.0f, 0}, rng);
-        wrong += run_case(&rows_gemm, {false, false, m, n, k, -1.25f, 0.75f, 17}, rng);
-        cases += 3;
+        for (const bool trans_a : {false, true}) {
+          wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, 1.0f, 0.0f, 3}, rng);
+          wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, 0.5f, 1.0f, 0}, rng);
+          wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, -1.25f, 0.75f, 17}, rng);
+          cases += 3;
+        }
       }
     }
   }
   EXPECT_EQ(wrong, 0) << "over " << cases << " cases";
   float c = 1.0f;
-  EXPECT_THROW(attnlab::cpu::f32_gemm_rows(1, 20, 1, 1.0f, &c, 1, &c, 20, 0.0f, &c, 20),
+  EXPECT_THROW(attnlab::cpu::f32_gemm_rows(false, 1, 20, 1, 1.0f, &c, 1, &c, 20, 0.0f, &c, 20),
                c10::Error);  // n not a multiple of 16
 }
 

@@ -544,35 +544,38 @@ constexpr int64_t kWideCols = kWideVecs * kL;
 constexpr int64_t kWideChunk = 128;
 
 template <int Rows>
-ATTNLAB_F32 __attribute__((noinline)) void wide_block(int64_t k, const float* a, int64_t lda,
-                                                      const float* b, int64_t ldb, float alpha,
-                                                      float beta, float* c, int64_t ldc) {
-  block<Rows, kWideVecs, false>(k, a, lda, 1, b, ldb, alpha, beta, c, ldc, c, ldc, 0xFFFF);
+ATTNLAB_F32 __attribute__((noinline)) void wide_block(int64_t k, const float* a, int64_t a_row,
+                                                      int64_t a_col, const float* b, int64_t ldb,
+                                                      float alpha, float beta, float* c,
+                                                      int64_t ldc) {
+  block<Rows, kWideVecs, false>(k, a, a_row, a_col, b, ldb, alpha, beta, c, ldc, c, ldc, 0xFFFF);
 }
 
 // f32_gemm_rows's product: B's rows read where they are, 64 columns at a time (kWideRows-row
 // blocks, the rest of m in one smaller block), then any last 16, 32 or 48 columns by the 8×2
 // panels. Each element's sum runs over the chunks in order.
-ATTNLAB_F32 void f32_gemm_rows_avx512(int64_t m, int64_t n, int64_t k, float alpha,
-                                      const float* a, int64_t lda, const float* b, int64_t ldb,
-                                      float beta, float* c, int64_t ldc) {
+ATTNLAB_F32 void f32_gemm_rows_avx512(bool trans_a, int64_t m, int64_t n, int64_t k,
+                                      float alpha, const float* a, int64_t lda, const float* b,
+                                      int64_t ldb, float beta, float* c, int64_t ldc) {
+  // op(A)[r, p] = a[r·a_row + p·a_col]
+  const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
   int64_t j0 = 0;
   for (; j0 + kWideCols <= n; j0 += kWideCols) {
     for (int64_t p0 = 0; p0 < k; p0 += kWideChunk) {
       const int64_t steps = std::min(kWideChunk, k - p0);
       const float chunk_beta = p0 == 0 ? beta : 1.0f;  // later chunks add to the earlier ones
       const float* bp = b + p0 * ldb + j0;
-      const float* ai = a + p0;
+      const float* ai = a + p0 * a_col;
       float* ci = c + j0;
       int64_t i0 = 0;
-      for (; i0 + kWideRows <= m; i0 += kWideRows, ai += kWideRows * lda, ci += kWideRows * ldc) {
-        wide_block<kWideRows>(steps, ai, lda, bp, ldb, alpha, chunk_beta, ci, ldc);
+      for (; i0 + kWideRows <= m; i0 += kWideRows, ai += kWideRows * a_row, ci += kWideRows * ldc) {
+        wide_block<kWideRows>(steps, ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, ldc);
       }
       static_assert(kWideRows == 6);
       switch (m - i0) {
 #define ATTNLAB_WIDE_TAIL(R)                                              \
   case R:                                                                 \
-    wide_block<R>(steps, ai, lda, bp, ldb, alpha, chunk_beta, ci, ldc); \
+    wide_block<R>(steps, ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, ldc); \
     break;
         ATTNLAB_WIDE_TAIL(5) ATTNLAB_WIDE_TAIL(4) ATTNLAB_WIDE_TAIL(3) ATTNLAB_WIDE_TAIL(2)
         ATTNLAB_WIDE_TAIL(1)
@@ -584,7 +587,7 @@ ATTNLAB_F32 void f32_gemm_rows_avx512(int64_t m, int64_t n, int64_t k, float alp
   for (; j0 < n; j0 += kF32PackedPanel) {
     const int64_t width = std::min(kF32PackedPanel, n - j0);
     for (int64_t p0 = 0; p0 < k; p0 += kChunk) {
-      panel_product(m, std::min(kChunk, k - p0), a + p0, lda, 1, kRows * lda,
+      panel_product(m, std::min(kChunk, k - p0), a + p0 * a_col, a_row, a_col, kRows * a_row,
                     b + p0 * ldb + j0, ldb, width, alpha, p0 == 0 ? beta : 1.0f, c + j0, ldc,
                     c + j0, ldc);
     }
@@ -775,8 +778,8 @@ void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
   f32_pack_b_avx512(trans_b, n, k, b, ldb, packed);
 }
 
-void f32_gemm_rows(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+void f32_gemm_rows(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   TORCH_CHECK(n % kL == 0, "f32_gemm_rows: n must be a multiple of 16, got ", n);
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {  // C = beta·C (beta 0: zeros, whatever C held)
@@ -785,7 +788,7 @@ void f32_gemm_rows(int64_t m, int64_t n, int64_t k, float alpha, const float* a,
     }
     return;
   }
-  f32_gemm_rows_avx512(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  f32_gemm_rows_avx512(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
@@ -826,8 +829,8 @@ void f32_flush_scaled_rows() {}
 
 void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
 
-void f32_gemm_rows(int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
-                   float, float*, int64_t) {
+void f32_gemm_rows(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                   int64_t, float, float*, int64_t) {
   TORCH_CHECK(false, "f32_gemm_rows: needs f32_gemm_available()");
 }
 

@@ -54,12 +54,13 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
                      int64_t row0, float beta, float* c, int64_t ldc, float* row_max = nullptr,
                      int64_t visible = std::numeric_limits<int64_t>::max() / 4);
 
-// C[m×n] = alpha·A·B + beta·C (A row-major [m×k], lda apart; B row-major [k×n], ldb apart)
-// with B's rows read where they are, unpacked: for a B that f32_pack_b would only copy (a
-// head's V, whose rows the P·V products read in order). n a multiple of 16 (checked), so that
-// no vector load passes a row's end. Only where f32_gemm_available().
-void f32_gemm_rows(int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                   const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+// C[m×n] = alpha·op(A)·B + beta·C (f32_gemm's contract, B never transposed) with B's rows read
+// where they are, unpacked: for a B that f32_pack_b would only copy and a product reads once
+// or twice (a head's V in the forward's P·V products; dO, Q and K in the backward's dV, dK and
+// dQ). n a multiple of 16 (checked), so that no vector load passes a row's end. Only where
+// f32_gemm_available().
+void f32_gemm_rows(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // Zeros that this thread owes memory but nothing reads before the calling operator returns (the
 // causal weights beyond the keys a query block sees): f32_defer_zeros records them, and this

@@ -304,6 +304,16 @@ TEST(F32Gemm, DeferredZerosAreWrittenExactlyWhereOwed) {
   constexpr int64_t kLd = 96, kRows = 40;
   // (first column, floats per row, rows) of two regions in one 64-byte-aligned buffer.
   struct Region { int64_t col, count, rows; };
+  // f32_gemm, and f32_gemm_rows (whose 64-column blocks leave owed lines to its 8×2 panels).
+  for (const bool rows_in_place : {false, true}) {
+  const auto product = [&](int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+                           float* c) {
+    if (rows_in_place) {
+      attnlab::cpu::f32_gemm_rows(false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+    } else {
+      f32_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+    }
+  };
   for (const int64_t k : {2, 64, 300, 2000}) {  // few steps (most zeros left to the flush) to many
     attnlab::cpu::AlignedVector<float> memory(kLd * kRows, kNaN);
     const Region regions[] = {{16, 80, 20}, {48, 32, 15}};
@@ -316,13 +326,13 @@ TEST(F32Gemm, DeferredZerosAreWrittenExactlyWhereOwed) {
     std::vector<float> a(m * k), b(k * n), c(m * n), plain(m * n);
     for (float& x : a) x = normal(rng);
     for (float& x : b) x = normal(rng);
-    f32_gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    product(m, n, k, a.data(), b.data(), c.data());
     int64_t written = 0;  // zeros the product wrote
     for (float x : memory) written += x == 0.0f;
     attnlab::cpu::f32_flush_zeros();
     attnlab::cpu::f32_flush_zeros();  // nothing left: a second flush writes nothing
-    f32_gemm(false, false, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, plain.data(), n);
-    EXPECT_EQ(std::memcmp(c.data(), plain.data(), c.size() * sizeof(float)), 0) << "k " << k;
+    product(m, n, k, a.data(), b.data(), plain.data());
+    EXPECT_EQ(std::memcmp(c.data(), plain.data(), c.size() * sizeof(float)), 0) << "k " << k << " rows_in_place " << rows_in_place;
     int64_t owed = 0, misplaced = 0;
     r0 = 0;
     for (int64_t r = 0; r < kRows; ++r) {
@@ -339,12 +349,13 @@ TEST(F32Gemm, DeferredZerosAreWrittenExactlyWhereOwed) {
         misplaced += zero ? !(x == 0.0f) : !std::isnan(x);
       }
     }
-    EXPECT_EQ(misplaced, 0) << "k " << k;
+    EXPECT_EQ(misplaced, 0) << "k " << k << " rows_in_place " << rows_in_place;
     // Each step of a sum over k writes at most one line in every block of 8 rows by 32 columns
     // (3 of them per 32 columns here, 2 column panels).
-    EXPECT_LE(written, (k / 2) * 3 * 2 * 16) << "k " << k;
-    if (k >= 300) EXPECT_EQ(written, owed) << "k " << k;  // enough steps: none left to the flush
+    EXPECT_LE(written, (k / 2) * 3 * 2 * 16) << "k " << k << " rows_in_place " << rows_in_place;
+    if (k >= 300) EXPECT_EQ(written, owed) << "k " << k << " rows_in_place " << rows_in_place;  // enough steps: none left to the flush
     if (k == 2) EXPECT_LT(written, owed);
+  }
   }
   alignas(64) float line[48];
   EXPECT_THROW(attnlab::cpu::f32_defer_zeros(line + 1, 16), c10::Error);

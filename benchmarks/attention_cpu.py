@@ -12,7 +12,8 @@ Prints markdown tables, each headed by the machine (CPU model and ISA, threads, 
 - the peak extra memory at L = 8192.
 Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 
-    python benchmarks/attention_cpu.py [--min-run-time 0.5] [--dtypes float32 bfloat16 float16]
+    python benchmarks/attention_cpu.py [--min-run-time 0.5] [--rounds 5]
+                                       [--dtypes float32 bfloat16 float16]
                                        [--skip-weights] [--skip-memory]
 """
 
@@ -67,7 +68,7 @@ def inputs(B, H, L, E, dtype):
 GEMM_SIZE = 2048
 
 
-def speed_table(dtype, min_run_time, gemm_share):
+def speed_table(dtype, min_run_time, gemm_share, rounds=5):
     """attnlab against torch's SDPA at one dtype; with gemm_share, the share of the float32 GEMM
     rate the attention reaches at L >= 512. That rate comes from a torch.mm of GEMM_SIZE²
     timed in the same alternating rounds as the row's two attentions, so that a slow spell of
@@ -84,7 +85,7 @@ def speed_table(dtype, min_run_time, gemm_share):
                        for fn in (attnlab_output, torch_output)]
                 if with_gemm:
                     fns.append(lambda: torch.mm(a, b))
-                ours, theirs, *gemm = compare(fns, min_run_time)
+                ours, theirs, *gemm = compare(fns, min_run_time, rounds)
                 row = [f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
                        f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{theirs / ours:.2f}"]
                 if gemm_share:
@@ -98,7 +99,7 @@ def speed_table(dtype, min_run_time, gemm_share):
     return rows
 
 
-def weights_table(min_run_time):
+def weights_table(min_run_time, rounds=5):
     """need_weights=True against attnlab without weights and the plain formulation (float32)."""
     rows = []
     for B, H, L, E in SHAPES:
@@ -108,7 +109,7 @@ def weights_table(min_run_time):
                 with_w, without, plain = compare(
                     [runner(fn, q, k, v, is_causal, backward)
                      for fn in (attnlab_with_weights, attnlab_output, plain_attention)],
-                    min_run_time)
+                    min_run_time, rounds)
                 rows.append([f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
                              f"{with_w * 1e3:.3f}", f"{without * 1e3:.3f}", f"{plain * 1e3:.3f}",
                              f"{with_w / without:.2f}", f"{plain / with_w:.2f}"])
@@ -146,6 +147,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=0.5,
                         help="seconds of repeated runs behind each median (default 0.5)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternating rounds behind each median (default 5; more rounds "
+                             "steady the medians on a noisy shared machine)")
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES),
                         help="dtypes of the attnlab vs torch SDPA tables (default: all three)")
     parser.add_argument("--skip-weights", action="store_true", help="skip the need_weights table")
@@ -158,7 +162,7 @@ def main():
           f"{gflops:.0f} GFLOP/s; each row's % of the GEMM rate uses the torch.mm timed in "
           "that row's own rounds\n")
     for name in args.dtypes:
-        rows = speed_table(DTYPES[name], args.min_run_time, name == "float32")
+        rows = speed_table(DTYPES[name], args.min_run_time, name == "float32", args.rounds)
         print(f"attnlab vs torch.nn.functional.scaled_dot_product_attention ({name}, ms, "
               "median)\n")
         header = ["(B, H, L, E)", "causal", "pass", "attnlab", "torch SDPA", "ratio"]
@@ -169,7 +173,7 @@ def main():
               "(float32, ms, median)\n")
         print(markdown_table(["(B, H, L, E)", "causal", "pass", "attnlab + weights",
                               "attnlab", "plain", "cost of weights", "vs plain"],
-                             weights_table(args.min_run_time)))
+                             weights_table(args.min_run_time, args.rounds)))
     if not args.skip_memory:
         print("\nPeak extra memory of one forward+backward after a warm-up run, (1, 1, L, 64), "
               "no weights (MiB, growth of peak RSS; the output and the three gradients alone are 8 MiB)\n")

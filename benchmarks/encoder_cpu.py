@@ -7,7 +7,7 @@ Also prints the GEMM floor of each shape: the time of the layer's mandatory matr
 torch.mm at the same shapes and threads, timed in the same alternating rounds as the two
 layers, and attnlab's time as a multiple of it.
 
-    python benchmarks/encoder_cpu.py [--min-run-time 1.0]
+    python benchmarks/encoder_cpu.py [--min-run-time 1.0] [--rounds 10]
 """
 
 import argparse
@@ -66,6 +66,8 @@ def gemm_floor(B, L, d, d_ff):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=1.0)
+    parser.add_argument("--rounds", type=int, default=10,
+                        help="alternating rounds behind each median (default 10)")
     parser.add_argument("--threads", type=int, nargs="+",
                         default=sorted({1, torch.get_num_threads()}),
                         help="intra-op thread counts to measure (default: 1 and all)")
@@ -87,7 +89,7 @@ def main():
             # apart on the 2-vCPU Intel Xeon).
             t_ours, t_plain, floor = compare(
                 [run(ours), run(plain), gemm_floor(B, L, d, d_ff)], args.min_run_time,
-                rounds=10, num_threads=threads)
+                rounds=args.rounds, num_threads=threads)
             rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", threads, f"{t_ours * 1e3:.3f}",
                          f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}",
                          f"{floor * 1e3:.3f}", f"{t_ours / floor:.2f}"])

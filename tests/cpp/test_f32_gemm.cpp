@@ -306,56 +306,60 @@ TEST(F32Gemm, DeferredZerosAreWrittenExactlyWhereOwed) {
   struct Region { int64_t col, count, rows; };
   // f32_gemm, and f32_gemm_rows (whose 64-column blocks leave owed lines to its 8×2 panels).
   for (const bool rows_in_place : {false, true}) {
-  const auto product = [&](int64_t m, int64_t n, int64_t k, const float* a, const float* b,
-                           float* c) {
-    if (rows_in_place) {
-      attnlab::cpu::f32_gemm_rows(false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-    } else {
-      f32_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
-    }
-  };
-  for (const int64_t k : {2, 64, 300, 2000}) {  // few steps (most zeros left to the flush) to many
-    attnlab::cpu::AlignedVector<float> memory(kLd * kRows, kNaN);
-    const Region regions[] = {{16, 80, 20}, {48, 32, 15}};
-    int64_t r0 = 0;
-    for (const Region& z : regions) {  // the second region starts below the first
-      attnlab::cpu::f32_defer_zeros(memory.data() + r0 * kLd + z.col, z.count, z.rows, kLd);
-      r0 += z.rows + 2;
-    }
-    const int64_t m = 19, n = 64;
-    std::vector<float> a(m * k), b(k * n), c(m * n), plain(m * n);
-    for (float& x : a) x = normal(rng);
-    for (float& x : b) x = normal(rng);
-    product(m, n, k, a.data(), b.data(), c.data());
-    int64_t written = 0;  // zeros the product wrote
-    for (float x : memory) written += x == 0.0f;
-    attnlab::cpu::f32_flush_zeros();
-    attnlab::cpu::f32_flush_zeros();  // nothing left: a second flush writes nothing
-    product(m, n, k, a.data(), b.data(), plain.data());
-    EXPECT_EQ(std::memcmp(c.data(), plain.data(), c.size() * sizeof(float)), 0) << "k " << k << " rows_in_place " << rows_in_place;
-    int64_t owed = 0, misplaced = 0;
-    r0 = 0;
-    for (int64_t r = 0; r < kRows; ++r) {
-      for (int64_t col = 0; col < kLd; ++col) {
-        bool zero = false;
-        int64_t start = 0;
-        for (const Region& z : regions) {
-          zero = zero || (r >= start && r < start + z.rows && col >= z.col &&
-                          col < z.col + z.count);
-          start += z.rows + 2;
-        }
-        owed += zero;
-        const float x = memory[r * kLd + col];
-        misplaced += zero ? !(x == 0.0f) : !std::isnan(x);
+    const auto product = [&](int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+                             float* c) {
+      if (rows_in_place) {
+        attnlab::cpu::f32_gemm_rows(false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
+      } else {
+        f32_gemm(false, false, m, n, k, 1.0f, a, k, b, n, 0.0f, c, n);
       }
+    };
+    // k: few steps (most zeros left to the flush) to many
+    for (const int64_t k : {2, 64, 300, 2000}) {
+      attnlab::cpu::AlignedVector<float> memory(kLd * kRows, kNaN);
+      const Region regions[] = {{16, 80, 20}, {48, 32, 15}};
+      int64_t r0 = 0;
+      for (const Region& z : regions) {  // the second region starts below the first
+        attnlab::cpu::f32_defer_zeros(memory.data() + r0 * kLd + z.col, z.count, z.rows, kLd);
+        r0 += z.rows + 2;
+      }
+      const int64_t m = 19, n = 64;
+      std::vector<float> a(m * k), b(k * n), c(m * n), plain(m * n);
+      for (float& x : a) x = normal(rng);
+      for (float& x : b) x = normal(rng);
+      product(m, n, k, a.data(), b.data(), c.data());
+      int64_t written = 0;  // zeros the product wrote
+      for (float x : memory) written += x == 0.0f;
+      attnlab::cpu::f32_flush_zeros();
+      attnlab::cpu::f32_flush_zeros();  // nothing left: a second flush writes nothing
+      product(m, n, k, a.data(), b.data(), plain.data());
+      EXPECT_EQ(std::memcmp(c.data(), plain.data(), c.size() * sizeof(float)), 0)
+          << "k " << k << " rows_in_place " << rows_in_place;
+      int64_t owed = 0, misplaced = 0;
+      r0 = 0;
+      for (int64_t r = 0; r < kRows; ++r) {
+        for (int64_t col = 0; col < kLd; ++col) {
+          bool zero = false;
+          int64_t start = 0;
+          for (const Region& z : regions) {
+            zero = zero || (r >= start && r < start + z.rows && col >= z.col &&
+                            col < z.col + z.count);
+            start += z.rows + 2;
+          }
+          owed += zero;
+          const float x = memory[r * kLd + col];
+          misplaced += zero ? !(x == 0.0f) : !std::isnan(x);
+        }
+      }
+      EXPECT_EQ(misplaced, 0) << "k " << k << " rows_in_place " << rows_in_place;
+      // Each step of a sum over k writes at most one line in every block of 8 rows by 32 columns
+      // (3 of them per 32 columns here, 2 column panels).
+      EXPECT_LE(written, (k / 2) * 3 * 2 * 16) << "k " << k << " rows_in_place " << rows_in_place;
+      if (k >= 300) {  // enough steps: none left to the flush
+        EXPECT_EQ(written, owed) << "k " << k << " rows_in_place " << rows_in_place;
+      }
+      if (k == 2) EXPECT_LT(written, owed);
     }
-    EXPECT_EQ(misplaced, 0) << "k " << k << " rows_in_place " << rows_in_place;
-    // Each step of a sum over k writes at most one line in every block of 8 rows by 32 columns
-    // (3 of them per 32 columns here, 2 column panels).
-    EXPECT_LE(written, (k / 2) * 3 * 2 * 16) << "k " << k << " rows_in_place " << rows_in_place;
-    if (k >= 300) EXPECT_EQ(written, owed) << "k " << k << " rows_in_place " << rows_in_place;  // enough steps: none left to the flush
-    if (k == 2) EXPECT_LT(written, owed);
-  }
   }
   alignas(64) float line[48];
   EXPECT_THROW(attnlab::cpu::f32_defer_zeros(line + 1, 16), c10::Error);

@@ -96,7 +96,8 @@ struct PackedHead {
   const uint16_t* query16 = nullptr;
   int64_t ld_query16 = 0, query16_row0 = 0;
   float query16_alpha = 1.0f;
-  // Or, instead of value, V's own rows (dim_v a multiple of 16: f32_gemm_rows), ld_value_rows apart.
+  // Or, instead of value, V's own rows, ld_value_rows apart (dim_v a multiple of 16:
+  // f32_gemm_rows).
   const float* value_rows = nullptr;
   int64_t ld_value_rows = 0;
 };

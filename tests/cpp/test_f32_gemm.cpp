@@ -177,9 +177,9 @@ TEST(F32Gemm, RowsOfBInPlaceMatchFloat64) {
   if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_rows needs AVX-512";
   std::mt19937 rng(19);
   int cases = 0, wrong = 0;
-  for (const int64_t m : {1, 5, 6, 7, 12, 16, 17, 64}) {
-    for (const int64_t n : {16, 48, 64, 80, 112, 128}) {
-      for (const int64_t k : {1, 7, 127, 128, 129, 257, 520}) {
+  for (const int64_t m : {1, 5, 7, 12, 17, 64}) {
+    for (const int64_t n : {16, 48, 64, 80, 128}) {
+      for (const int64_t k : {1, 7, 128, 129, 257}) {
         for (const bool trans_a : {false, true}) {
           wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, 1.0f, 0.0f, 3}, rng);
           wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, 0.5f, 1.0f, 0}, rng);

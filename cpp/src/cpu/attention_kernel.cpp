@@ -755,8 +755,9 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     AlignedVector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
     AlignedVector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
     constexpr int64_t ld = kBackwardKeyBlock;
-    // The key block's operands that every query block multiplies by (Kᵀ for S, Vᵀ for dP, K
-    // for dQ), packed once per key block instead of once per product.
+    // The key block's operands that every query block multiplies by (Kᵀ for S, Vᵀ for dP, and
+    // K for dQ where the products cannot read it in place), packed once per key block instead of
+    // once per product.
     const bool packing = pack_heads(p);
     // dV, dK and dQ read dO, Q and K where they are (f32_gemm_rows) instead of packing K for
     // dQ and dO and Q inside each product: (8, 8, 512, 64) and (2, 8, 2048, 64) forward +

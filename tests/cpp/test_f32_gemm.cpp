@@ -171,7 +171,7 @@ void rows_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
 }
 
 // m around the 6-row blocks and the 8-row ones, n around the 64-column blocks with 16, 32 and
-// 48 columns left for the 8×2 panels, k across the 128- and 256-step chunks of the sums,
+// 48 columns left for the 8×2 panels, k from 0 (C = beta·C) across the 128-step chunks,
 // padded leading dimensions (the padding of C untouched), beta 0 over NaN.
 TEST(F32Gemm, RowsOfBInPlaceMatchFloat64) {
   if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_rows needs AVX-512";
@@ -179,7 +179,7 @@ TEST(F32Gemm, RowsOfBInPlaceMatchFloat64) {
   int cases = 0, wrong = 0;
   for (const int64_t m : {1, 5, 7, 12, 17, 64}) {
     for (const int64_t n : {16, 48, 64, 80, 128}) {
-      for (const int64_t k : {1, 7, 128, 129, 257}) {
+      for (const int64_t k : {0, 1, 7, 128, 129, 257}) {
         for (const bool trans_a : {false, true}) {
           wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, 1.0f, 0.0f, 3}, rng);
           wrong += run_case(&rows_gemm, {trans_a, false, m, n, k, 0.5f, 1.0f, 0}, rng);

@@ -787,11 +787,8 @@ void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
 void f32_gemm_rows(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                    int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   TORCH_CHECK(n % kL == 0, "f32_gemm_rows: n must be a multiple of 16, got ", n);
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {  // C = beta·C (beta 0: zeros, whatever C held)
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-    }
+  if (m <= 0 || n <= 0 || k <= 0) {  // empty products as f32_gemm has them
+    f32_gemm(trans_a, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
   f32_gemm_rows_avx512(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

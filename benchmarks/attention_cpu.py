@@ -3,9 +3,9 @@
 Prints markdown tables, each headed by the machine (CPU model and ISA, threads, versions):
 - per dtype (float32, bfloat16, float16): median times of attnlab and
   torch.nn.functional.scaled_dot_product_attention at the same dtype (forward, forward+backward;
-  causal and not); for float32 also the share of the float32 GEMM rate (a torch.mm of 2048²
-  timed in the same alternating rounds as the row's attentions) that the attention reaches at
-  L >= 512 (FLOPs 4·B·H·L²·E forward, 2.5× that for the backward,
+  causal and not); for float32 also the share of the float32 GEMM rate that the attention
+  reaches at L >= 512: the faster of torch.mm and attnlab's own GEMM on 2048², both timed in
+  the same alternating rounds as the row's attentions (FLOPs 4·B·H·L²·E forward, 2.5× that for the backward,
   halved when causal);
 - attnlab with need_weights=True against attnlab without weights and against the plain
   matmul → softmax → matmul formulation;
@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from common import (compare, machine_description, markdown_table, peak_rss_mib, runner,
-                    sgemm_gflops)
+from common import (compare, float32_gemms, machine_description, markdown_table, peak_rss_mib,
+                    runner, sgemm_gflops)
 
 SHAPES = [(128, 1, 16, 32), (64, 4, 10, 64), (8, 8, 512, 64), (2, 8, 2048, 64)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,11 +70,10 @@ GEMM_SIZE = 2048
 
 def speed_table(dtype, min_run_time, gemm_share, rounds=5):
     """attnlab against torch's SDPA at one dtype; with gemm_share, the share of the float32 GEMM
-    rate the attention reaches at L >= 512. That rate comes from a torch.mm of GEMM_SIZE²
-    timed in the same alternating rounds as the row's two attentions, so that a slow spell of
-    the machine (they last seconds to minutes on a shared host) slows all three alike."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, generator=gen) for _ in range(2))
+    rate the attention reaches at L >= 512. That rate is the faster of float32_gemms on
+    GEMM_SIZE², timed in the same alternating rounds as the row's two attentions, so that a slow
+    spell of the machine (they last seconds to minutes on a shared host) slows them all alike."""
+    gemms = list(float32_gemms(GEMM_SIZE).values())
     rows = []
     for B, H, L, E in SHAPES:
         q, k, v = inputs(B, H, L, E, dtype)
@@ -84,7 +83,7 @@ def speed_table(dtype, min_run_time, gemm_share, rounds=5):
                 fns = [runner(fn, q, k, v, is_causal, backward)
                        for fn in (attnlab_output, torch_output)]
                 if with_gemm:
-                    fns.append(lambda: torch.mm(a, b))
+                    fns += gemms
                 ours, theirs, *gemm = compare(fns, min_run_time, rounds)
                 row = [f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
                        f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{theirs / ours:.2f}"]
@@ -92,7 +91,7 @@ def speed_table(dtype, min_run_time, gemm_share, rounds=5):
                     share = ""
                     if with_gemm:
                         rate = attention_flops(B, H, L, E, is_causal, backward) / ours
-                        share = f"{100 * rate / (2 * GEMM_SIZE ** 3 / gemm[0]):.0f} %"
+                        share = f"{100 * rate / (2 * GEMM_SIZE ** 3 / min(gemm)):.0f} %"
                     row.append(share)
                 rows.append(row)
                 print(rows[-1], file=sys.stderr, flush=True)
@@ -157,10 +156,11 @@ def main():
     args = parser.parse_args()
 
     print(f"Machine: {machine_description()}\n")
-    gflops = sgemm_gflops(args.min_run_time)
-    print(f"float32 GEMM rate at the start of this run (torch.mm {GEMM_SIZE}², median): "
-          f"{gflops:.0f} GFLOP/s; each row's % of the GEMM rate uses the torch.mm timed in "
-          "that row's own rounds\n")
+    rates = ", ".join(f"{name} {gflops:.0f}" for name, gflops in sgemm_gflops(
+        args.min_run_time, GEMM_SIZE).items())
+    print(f"float32 GEMM rates at the start of this run ({GEMM_SIZE}², median, GFLOP/s): "
+          f"{rates}; each row's % of the GEMM rate uses the faster of them as timed in that "
+          "row's own rounds\n")
     for name in args.dtypes:
         rows = speed_table(DTYPES[name], args.min_run_time, name == "float32", args.rounds)
         print(f"attnlab vs torch.nn.functional.scaled_dot_product_attention ({name}, ms, "

@@ -9,6 +9,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
+
+import attnlab
 from torch.utils.benchmark import Timer
 
 
@@ -80,26 +82,33 @@ def machine_description():
                 cpu = line.split(":", 1)[1].strip()
     except OSError:
         pass
-    import attnlab
     return (f"{cpu} [{cpu_isa()}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), "
             f"attnlab {attnlab.__version__} "
             f"(bfloat16 products: {attnlab.build_info()['cpu_bf16_products']})")
 
 
-def gemm_seconds(m, n, k, dtype=torch.float32, min_run_time=0.5, trans_b=False):
-    """Median seconds of torch's m×k by k×n matrix product (B stored transposed when trans_b),
-    on torch's current thread count."""
+def float32_gemms(size=2048):
+    """The float32 GEMMs the attention kernels are held to, as no-argument callables running a
+    size² product: {"torch.mm": ..., "attnlab": ...} (attnlab's own GEMM, which its kernels run,
+    only where it runs AVX-512; a BLAS need not use all of a CPU's vector width: on an AMD Zen 5
+    MKL's sgemm ran at 204 GFLOP/s on 2 threads and attnlab's at 327)."""
+    from attnlab._gemm import float32_mm
     gen = torch.Generator().manual_seed(0)
-    a = torch.randn(m, k, generator=gen).to(dtype)
-    b = torch.randn(n, k, generator=gen).to(dtype).t() if trans_b else \
-        torch.randn(k, n, generator=gen).to(dtype)
-    return compare([lambda: torch.mm(a, b)], min_run_time)[0]
+    a, b = (torch.randn(size, size, generator=gen) for _ in range(2))
+    out = torch.empty(size, size)
+    gemms = {"torch.mm": lambda: torch.mm(a, b, out=out)}
+    if attnlab.build_info()["cpu_float32_products"] == "avx512":
+        gemms["attnlab"] = lambda: float32_mm(a, b, out)
+    return gemms
 
 
 def sgemm_gflops(min_run_time=0.5, size=2048):
-    """The float32 GEMM rate (GFLOP/s) torch reaches on a size² product here, now."""
-    return 2 * size ** 3 / gemm_seconds(size, size, size, min_run_time=min_run_time) / 1e9
+    """The float32 GEMM rates (GFLOP/s) of float32_gemms on a size² product here, now, timed in
+    alternating rounds: {name: rate}."""
+    gemms = float32_gemms(size)
+    seconds = compare(list(gemms.values()), min_run_time)
+    return {name: 2 * size ** 3 / t / 1e9 for name, t in zip(gemms, seconds)}
 
 
 def markdown_table(header, rows):

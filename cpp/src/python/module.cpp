@@ -2,7 +2,10 @@
 // torch.ops.attnlab operators. The operators are called through torch.ops, not through here.
 #include <pybind11/pybind11.h>
 
+#include <cstdint>
+
 #include "attnlab/build_info.h"
+#include "attnlab/cpu_gemm.h"
 
 namespace py = pybind11;
 
@@ -29,5 +32,15 @@ PYBIND11_MODULE(_C, m) {
     d["cpu_bf16_product_speedup"] = attnlab::cpu_bf16_product_speedup();
     d["cpu_float32_products"] = attnlab::cpu_float32_products();
     return d;
+  });
+  // attnlab._gemm.float32_mm's native half: raw addresses, checked on the Python side (this
+  // module does not link torch's Python bindings).
+  m.def("_float32_gemm", [](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                            uintptr_t a, int64_t lda, uintptr_t b, int64_t ldb, uintptr_t c,
+                            int64_t ldc) {
+    py::gil_scoped_release release;
+    attnlab::cpu_float32_gemm(trans_a, trans_b, m, n, k, reinterpret_cast<const float*>(a), lda,
+                              reinterpret_cast<const float*>(b), ldb, reinterpret_cast<float*>(c),
+                              ldc);
   });
 }

@@ -207,8 +207,8 @@ TEST(BF16Gemm, PrepackedSubBlocksMatchRoundedFloat64) {
   using attnlab::cpu::bf16_packed_ld;
   using attnlab::cpu::bf16_packed_pairs;
   if (!attnlab::cpu::bf16_prepacked_route()) {
-    GTEST_SKIP() << "this CPU does not take the brgemm route (" << bf16_products()
-                 << "): the attention packs per product there";
+    GTEST_SKIP() << "this CPU runs no bfloat16 products (" << bf16_products()
+                 << "): the attention widens to float32 there";
   }
   std::mt19937 rng(13);
   std::normal_distribution<float> normal;
@@ -357,7 +357,7 @@ TEST(BF16Gemm, Prepacked16AnyKLeavesTheNextRowUnread) {
   using attnlab::cpu::bf16_packed_ld;
   using attnlab::cpu::bf16_packed_pairs;
   if (!attnlab::cpu::bf16_prepacked_route()) {
-    GTEST_SKIP() << "this CPU does not take the brgemm route (" << bf16_products() << ")";
+    GTEST_SKIP() << "this CPU runs no bfloat16 products (" << bf16_products() << ")";
   }
   std::mt19937 rng(23);
   std::normal_distribution<float> normal;

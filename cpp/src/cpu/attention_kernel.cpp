@@ -85,7 +85,7 @@ void block_gemm(const AttentionProblem<T>& p, bool trans_a, bool trans_b, int64_
 struct PackedHead {
   const float* key = nullptr;    // op(B) = Kᵀ: dim_qk rows, len_k columns
   const float* value = nullptr;  // op(B) = V: len_k rows, dim_v columns
-  // Or, for bfloat16 products through the brgemm route (bf16_gemm_prepacked), the same two in
+  // Or, for bfloat16 products (bf16_gemm_prepacked: AMX tiles or vdpbf16ps), the same two in
   // bfloat16 pairs with their leading dimensions.
   const uint32_t* key16 = nullptr;
   const uint32_t* value16 = nullptr;
@@ -246,9 +246,11 @@ bool pack_heads(const AttentionProblem<T>& p) {
          !(p.bf16_operands && bf16_gemm_available());
 }
 
-// Whether the forward packs each head's K and V once in bfloat16 (HeadPacker) for products
-// through the brgemm route (AMX tiles): packing them again for every product took about a
-// fifth of a (8, 8, 512, 64) bfloat16 forward on an AMX Xeon (perf, one thread).
+// Whether the forward packs each head's K and V once in bfloat16 (HeadPacker) for bfloat16
+// products (AMX tiles through oneDNN's brgemm, or attnlab's vdpbf16ps blocks): packing them
+// again for every product took about a fifth of a (8, 8, 512, 64) bfloat16 forward on an AMX
+// Xeon (perf, one thread); on an AMD Zen 5 the vdpbf16ps forward took 0.72-0.94x the time
+// with them packed once.
 template <typename T>
 bool pack_heads_bf16(const AttentionProblem<T>& p) {
   return std::is_same_v<T, float> && p.bf16_operands && bf16_prepacked_route();

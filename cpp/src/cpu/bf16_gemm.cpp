@@ -253,7 +253,12 @@ ATTNLAB_BF16_INLINE void block(int64_t pairs, const Pair* a, int64_t a_row, int6
   }
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh bv[Vecs];
-    for (int v = 0; v < Vecs; ++v) bv[v] = (__m512bh)_mm512_loadu_si512(b + p * ldb + 16 * v);
+    // The last vector's lanes beyond `last` are not loaded: a sub-block of a packed B
+    // (bf16_gemm_prepacked16) may end inside its last 16 columns, on the buffer's last pair.
+    for (int v = 0; v < Vecs; ++v) {
+      bv[v] = (__m512bh)_mm512_maskz_loadu_epi32(v == Vecs - 1 ? last : __mmask16(0xFFFF),
+                                                 b + p * ldb + 16 * v);
+    }
     const Pair* ap = a + p * a_pair;
     for (int r = 0; r < Rows; ++r) {
       const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(ap[r * a_row]));
@@ -543,10 +548,12 @@ bool bf16_gemm_available() {
   return available;
 }
 
-bool bf16_prepacked_route() { return bf16_gemm_available() && brgemm_route(); }
+bool bf16_prepacked_route() {
+  return bf16_gemm_available() && (brgemm_route() || bf16_products_pay());
+}
 
 void bf16_prepacked_release() {
-  if (bf16_prepacked_route()) at::native::cpublas::brgemm_release(true);
+  if (bf16_gemm_available() && brgemm_route()) at::native::cpublas::brgemm_release(true);
 }
 
 const char* bf16_products() {
@@ -587,14 +594,44 @@ void bf16_pack_rows16(int64_t m, int64_t k, float alpha, const uint16_t* a, int6
   pack_rows16(a, lda, k, m, alpha, out, ldo);
 }
 
-void bf16_gemm_prepacked16(int64_t m, int64_t n, int64_t k, float alpha, const uint16_t* a,
-                           int64_t lda, const uint32_t* packed, int64_t ldo, int64_t k0,
-                           int64_t n0, bool accumulate, float* c, int64_t ldc) {
+ATTNLAB_BF16 void bf16_gemm_prepacked16(int64_t m, int64_t n, int64_t k, float alpha,
+                                        const uint16_t* a, int64_t lda, const uint32_t* packed,
+                                        int64_t ldo, int64_t k0, int64_t n0, bool accumulate,
+                                        float* c, int64_t ldc) {
   TORCH_CHECK(k0 % 2 == 0 && (alpha == 1.0f || !accumulate),
               "bf16_gemm_prepacked16: k0 must be even and alpha 1 when accumulating");
   if (m <= 0 || n <= 0) return;
   const int64_t even = k / 2 * 2;
-  if (even > 0) {
+  if (even > 0 && !brgemm_route()) {
+    // attnlab's register blocks on the same layouts: A's rows read as pairs in place (the
+    // attention's rows are), or copied to whole pairs first where they cannot be.
+    const Pair* pa = reinterpret_cast<const Pair*>(a);
+    int64_t a_row = lda / 2;
+    if (lda % 2 != 0 || reinterpret_cast<uintptr_t>(a) % alignof(Pair) != 0) {
+      thread_local AlignedVector<Pair> rows;
+      a_row = even / 2;
+      if (static_cast<int64_t>(rows.size()) < m * a_row) rows.resize(m * a_row);
+      for (int64_t i = 0; i < m; ++i) std::memcpy(rows.data() + i * a_row, a + i * lda, 2 * even);
+      pa = rows.data();
+    }
+    const Pair* pb = packed + (k0 / 2) * ldo + n0;
+    // An even k takes alpha in the blocks; an odd k's last term comes after, then alpha.
+    const float block_alpha = k == even ? alpha : 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    int64_t j0 = 0;
+    for (; j0 + kCols <= n; j0 += kCols) {
+      column_block<kVecs>(m, even / 2, pa, a_row, 1, pb + j0, ldo, block_alpha, beta, c + j0,
+                          ldc, __mmask16(0xFFFF));
+    }
+    const int64_t rest = n - j0;
+    if (rest > kLanes16) {
+      column_block<2>(m, even / 2, pa, a_row, 1, pb + j0, ldo, block_alpha, beta, c + j0, ldc,
+                      first_lanes(rest - kLanes16));
+    } else if (rest > 0) {
+      column_block<1>(m, even / 2, pa, a_row, 1, pb + j0, ldo, block_alpha, beta, c + j0, ldc,
+                      first_lanes(rest));
+    }
+    if (k == even) return;
+  } else if (even > 0) {
     const auto* b = reinterpret_cast<const c10::BFloat16*>(packed + (k0 / 2) * ldo + n0);
     at::native::cpublas::brgemm(m, n, even, lda, ldo, ldc, accumulate,
                                 reinterpret_cast<const c10::BFloat16*>(a), b, c, true);

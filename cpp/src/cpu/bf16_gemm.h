@@ -45,8 +45,9 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                int64_t ldc);
 
 // Products against a B packed once and used by many products (the attention's K and V, packed
-// once per head), through the brgemm route only: whether this CPU takes it (bf16_products() is
-// "amx" or "onednn_brgemm"), checked once.
+// once per head): whether this CPU takes them, checked once: where bf16_products() is "amx" or
+// "onednn_brgemm" (through oneDNN's brgemm), or where bfloat16 products pay (bf16_products_pay:
+// attnlab's vdpbf16ps blocks on the same layouts).
 bool bf16_prepacked_route();
 // op(B) [k×n] (op(B) = Bᵀ when trans_b; B row-major with leading dimension ldb) rounded to
 // bfloat16 and packed in oneDNN's layout for bfloat16 B ("VNNI": rows 2p and 2p + 1 of op(B)

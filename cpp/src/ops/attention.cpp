@@ -44,7 +44,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const 
       cpu::forward_widens_heads(key.size(-2), query.size(-1), value.size(-1))) {
     // float16 and bfloat16 on the float32 kernel, which widens each batch entry's inputs
     // itself; every sum is float32 and only the results are rounded (the log-sum-exp stays
-    // float32, as on CUDA). bfloat16 products through the brgemm route (AMX) take this path
+    // float32, as on CUDA). bfloat16 products (AMX tiles or vdpbf16ps) take this path
     // too, without weights reading the bfloat16 rows themselves (cpu::attention_forward):
     // widening the whole tensors first (torch's copy kernel) took 18 % of a (8, 8, 512, 64)
     // forward on an AMX Xeon.

@@ -3,10 +3,11 @@
 Prints markdown tables, each headed by the machine (CPU model and ISA, threads, versions):
 - per dtype (float32, bfloat16, float16): median times of attnlab and
   torch.nn.functional.scaled_dot_product_attention at the same dtype (forward, forward+backward;
-  causal and not); for float32 also the share of the float32 GEMM rate that the attention
-  reaches at L >= 512: the faster of torch.mm and attnlab's own GEMM on 2048², both timed in
-  the same alternating rounds as the row's attentions (FLOPs 4·B·H·L²·E forward, 2.5× that for the backward,
-  halved when causal);
+  causal and not); for float32 also, at L >= 512, the attention's rate (FLOPs 4·B·H·L²·E
+  forward, 2.5× that for the backward, halved when causal) as a share of the float32 GEMM
+  rate (the faster of torch.mm and attnlab's own GEMM on 2048², both timed in the same
+  alternating rounds as the row's attentions) and of the CPU's float32 FMA peak (a
+  register-only probe at the start);
 - attnlab with need_weights=True against attnlab without weights and against the plain
   matmul → softmax → matmul formulation;
 - the peak extra memory at L = 8192.
@@ -25,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from common import (compare, float32_gemms, machine_description, markdown_table, peak_rss_mib,
-                    runner, sgemm_gflops)
+from common import (compare, float32_gemms, fma_peak_gflops, machine_description,
+                    markdown_table, peak_rss_mib, runner, sgemm_gflops)
 
 SHAPES = [(128, 1, 16, 32), (64, 4, 10, 64), (8, 8, 512, 64), (2, 8, 2048, 64)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,11 +69,12 @@ def inputs(B, H, L, E, dtype):
 GEMM_SIZE = 2048
 
 
-def speed_table(dtype, min_run_time, gemm_share, rounds=5):
+def speed_table(dtype, min_run_time, gemm_share, rounds=5, fma_peak=0.0):
     """attnlab against torch's SDPA at one dtype; with gemm_share, the share of the float32 GEMM
     rate the attention reaches at L >= 512. That rate is the faster of float32_gemms on
     GEMM_SIZE², timed in the same alternating rounds as the row's two attentions, so that a slow
-    spell of the machine (they last seconds to minutes on a shared host) slows them all alike."""
+    spell of the machine (they last seconds to minutes on a shared host) slows them all alike.
+    And the share of fma_peak (GFLOP/s, measured once; 0: none), the bound of any product."""
     gemms = list(float32_gemms(GEMM_SIZE).values())
     rows = []
     for B, H, L, E in SHAPES:
@@ -88,11 +90,12 @@ def speed_table(dtype, min_run_time, gemm_share, rounds=5):
                 row = [f"({B}, {H}, {L}, {E})", is_causal, "fwd+bwd" if backward else "fwd",
                        f"{ours * 1e3:.3f}", f"{theirs * 1e3:.3f}", f"{theirs / ours:.2f}"]
                 if gemm_share:
-                    share = ""
+                    share = peak = ""
                     if with_gemm:
                         rate = attention_flops(B, H, L, E, is_causal, backward) / ours
                         share = f"{100 * rate / (2 * GEMM_SIZE ** 3 / min(gemm)):.0f} %"
-                    row.append(share)
+                        peak = f"{100 * rate / 1e9 / fma_peak:.0f} %" if fma_peak else ""
+                    row += [share, peak]
                 rows.append(row)
                 print(rows[-1], file=sys.stderr, flush=True)
     return rows
@@ -156,17 +159,22 @@ def main():
     args = parser.parse_args()
 
     print(f"Machine: {machine_description()}\n")
+    fma_peak = fma_peak_gflops()
+    print(f"float32 FMA peak (registers only, all {torch.get_num_threads()} threads): "
+          f"{fma_peak:.0f} GFLOP/s")
     rates = ", ".join(f"{name} {gflops:.0f}" for name, gflops in sgemm_gflops(
         args.min_run_time, GEMM_SIZE).items())
     print(f"float32 GEMM rates at the start of this run ({GEMM_SIZE}², median, GFLOP/s): "
           f"{rates}; each row's % of the GEMM rate uses the faster of them as timed in that "
           "row's own rounds\n")
     for name in args.dtypes:
-        rows = speed_table(DTYPES[name], args.min_run_time, name == "float32", args.rounds)
+        rows = speed_table(DTYPES[name], args.min_run_time, name == "float32", args.rounds,
+                           fma_peak)
         print(f"attnlab vs torch.nn.functional.scaled_dot_product_attention ({name}, ms, "
               "median)\n")
         header = ["(B, H, L, E)", "causal", "pass", "attnlab", "torch SDPA", "ratio"]
-        print(markdown_table(header + (["% of GEMM rate"] if name == "float32" else []), rows))
+        print(markdown_table(
+            header + (["% of GEMM rate", "% of FMA peak"] if name == "float32" else []), rows))
         print()
     if not args.skip_weights:
         print("attnlab need_weights=True vs without weights and vs matmul → softmax → matmul "

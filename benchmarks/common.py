@@ -103,6 +103,13 @@ def float32_gemms(size=2048):
     return gemms
 
 
+def fma_peak_gflops():
+    """This CPU's float32 FMA peak (GFLOP/s) on torch's current threads: a register-only probe
+    of attnlab's, the best of three (a slow spell of the machine only lowers it)."""
+    from attnlab._gemm import float32_fma_peak
+    return max(float32_fma_peak(0.05) for _ in range(3))
+
+
 def sgemm_gflops(min_run_time=0.5, size=2048):
     """The float32 GEMM rates (GFLOP/s) of float32_gemms on a size² product here, now, timed in
     alternating rounds: {name: rate}."""

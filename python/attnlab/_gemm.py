@@ -20,6 +20,15 @@ def _operand(x: torch.Tensor, name: str):
     raise ValueError(f"{name}: expected unit stride along one dimension, got strides {x.stride()}")
 
 
+def float32_fma_peak(seconds: float = 0.05) -> float:
+    """This CPU's float32 multiply-add peak on torch's intra-op threads, GFLOP/s: independent
+    FMAs on registers alone (AVX-512, else AVX2; 0.0 without either), all threads at once for
+    about ``seconds``, their rates summed. No float32 product can run faster."""
+    if not seconds > 0:
+        raise ValueError(f"seconds: expected a positive duration, got {seconds}")
+    return _C._float32_fma_peak(float(seconds))
+
+
 def float32_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """a @ b for 2-D float32 CPU tensors (either may be a transposed view) through attnlab's
     float32 products (``build_info()["cpu_float32_products"]``) on torch's intra-op threads,

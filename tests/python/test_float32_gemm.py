@@ -54,3 +54,30 @@ def test_strided_rows_are_read_with_their_leading_dimension():
 def test_bad_operands_are_named(a, b, out, match):
     with pytest.raises(ValueError, match=match):
         float32_mm(a, b, out)
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].split() for line in f
+                         if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
+def test_fma_peak_is_measured_where_the_cpu_has_fma_vectors():
+    from attnlab._gemm import float32_fma_peak
+    flags = cpu_flags()
+    peak = float32_fma_peak(0.01)
+    if "avx512f" in flags or ("avx2" in flags and "fma" in flags):
+        # At least one 8-lane FMA every 10 ns on some thread: far below any such CPU's rate.
+        assert peak > 1.6
+    else:
+        assert peak == 0.0
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, float("nan")])
+def test_fma_peak_refuses_a_duration_that_is_not_positive(seconds):
+    from attnlab._gemm import float32_fma_peak
+    with pytest.raises(ValueError, match="seconds: expected a positive duration"):
+        float32_fma_peak(seconds)

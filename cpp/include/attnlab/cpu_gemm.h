@@ -13,4 +13,10 @@ namespace attnlab {
 void cpu_float32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                       int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc);
 
+// The float32 multiply-add peak of this CPU on torch's intra-op threads, in GFLOP/s (2 FLOP per
+// lane of an FMA): every thread at once runs independent FMAs on registers alone (AVX-512, else
+// AVX2, else 0) for about `seconds`, and their rates are summed. The bound no float32 product
+// can pass; the benchmarks print it beside the GEMM rates (an AMD Zen 5 core: 256 GFLOP/s).
+double cpu_float32_fma_peak(double seconds = 0.05);
+
 }  // namespace attnlab

@@ -33,6 +33,10 @@ PYBIND11_MODULE(_C, m) {
     d["cpu_float32_products"] = attnlab::cpu_float32_products();
     return d;
   });
+  m.def("_float32_fma_peak", [](double seconds) {
+    py::gil_scoped_release release;
+    return attnlab::cpu_float32_fma_peak(seconds);
+  });
   // attnlab._gemm.float32_mm's native half: raw addresses, checked on the Python side (this
   // module does not link torch's Python bindings).
   m.def("_float32_gemm", [](bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -145,7 +145,7 @@ def memory_table(length=8192):
     return rows
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=0.5,
                         help="seconds of repeated runs behind each median (default 0.5)")
@@ -156,7 +156,7 @@ def main():
                         help="dtypes of the attnlab vs torch SDPA tables (default: all three)")
     parser.add_argument("--skip-weights", action="store_true", help="skip the need_weights table")
     parser.add_argument("--skip-memory", action="store_true", help="skip the L = 8192 memory probe")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     print(f"Machine: {machine_description()}\n")
     fma_peak = fma_peak_gflops()

@@ -6,7 +6,9 @@ Also prints the GEMM floor of each shape: the time of the layer's mandatory matr
 (the four Linear layers forward, and for each its input and weight gradients) run alone at the
 same shapes and threads, as torch.mm and as attnlab's own GEMM (where it runs AVX-512; a BLAS
 need not use all of a CPU's vector width), the faster of the two, timed in the same alternating
-rounds as the two layers; and attnlab's time as a multiple of it.
+rounds as the two layers; and attnlab's time as a multiple of it. And the bound below that: the
+same products' FLOPs at the CPU's float32 FMA peak (a register-only probe of attnlab's, once
+per thread count).
 
     python benchmarks/encoder_cpu.py [--min-run-time 1.0] [--rounds 10]
 """
@@ -20,7 +22,7 @@ from torch import nn
 import attnlab
 from attnlab._gemm import float32_mm
 from attnlab.nn import EncoderBlock
-from common import compare, machine_description, markdown_table
+from common import compare, fma_peak_gflops, machine_description, markdown_table
 
 # (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of the UvA tutorial.
 SHAPES = [(128, 16, 32, 1, 64), (64, 10, 256, 4, 512)]
@@ -47,6 +49,11 @@ class PlainEncoderBlock(nn.Module):
         return self.norm2(x + self.ff2(torch.relu(self.ff1(x))))
 
 
+def gemm_flops(B, L, d, d_ff):
+    """The FLOPs of gemm_floor's products: three products of B·L × fan_in × fan_out each."""
+    return 3 * 2 * B * L * sum(i * o for i, o in ((d, 3 * d), (d, d), (d, d_ff), (d_ff, d)))
+
+
 def gemm_floor(B, L, d, d_ff, mm=torch.mm):
     """The layer's mandatory GEMMs at this shape, as one function to time: for each Linear
     (in → out) on B·L rows, the forward X·Wᵀ, the input gradient dY·W and the weight gradient
@@ -66,7 +73,7 @@ def gemm_floor(B, L, d, d_ff, mm=torch.mm):
     return run
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--min-run-time", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=10,
@@ -74,7 +81,7 @@ def main():
     parser.add_argument("--threads", type=int, nargs="+",
                         default=sorted({1, torch.get_num_threads()}),
                         help="intra-op thread counts to measure (default: 1 and all)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print(f"Machine: {machine_description()}\n")
     gemms = [lambda a, b, out: torch.mm(a, b, out=out)]
     names = ["torch.mm"]
@@ -83,6 +90,8 @@ def main():
         names.append("attnlab")
     rows = []
     for threads in args.threads:
+        torch.set_num_threads(threads)
+        peak = fma_peak_gflops()
         for B, L, d, H, d_ff in SHAPES:
             torch.manual_seed(0)
             x = torch.randn(B, L, d, requires_grad=True)
@@ -103,12 +112,14 @@ def main():
             rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", threads, f"{t_ours * 1e3:.3f}",
                          f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}",
                          f"{floor * 1e3:.3f} ({names[t_floors.index(floor)]})",
-                         f"{t_ours / floor:.2f}"])
+                         f"{t_ours / floor:.2f}",
+                         f"{gemm_flops(B, L, d, d_ff) / peak / 1e6:.3f}" if peak else ""])
     torch.set_num_threads(max(args.threads))
     print("One encoder layer, forward+backward, float32 (ms, median; GEMM floor: the layer's "
           "mandatory matrix products alone, by the faster of the GEMMs named)\n")
     print(markdown_table(["(B, L, d, H, d_ff)", "threads", "attnlab EncoderBlock",
-                          "plain torch ops", "ratio", "GEMM floor", "attnlab / floor"], rows))
+                          "plain torch ops", "ratio", "GEMM floor", "attnlab / floor",
+                          "GEMM FLOPs at FMA peak"], rows))
 
 
 if __name__ == "__main__":

@@ -14,24 +14,9 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import sparse_attention_cpu as bench  # noqa: E402
+from markdown_tables import parse_tables  # noqa: E402
 
 TINY = [(3, 1, 16, 8), (1, 2, 24, 16)]
-
-
-def parse_tables(text):
-    """Each markdown table of text as (header, rows of cells)."""
-    tables, current = [], None
-    for line in text.splitlines():
-        if line.startswith("|"):
-            cells = [cell.strip() for cell in line.strip("|").split("|")]
-            if current is None:
-                current = (cells, [])
-                tables.append(current)
-            elif not all(set(cell) <= {"-"} for cell in cells):
-                current[1].append(cells)
-        else:
-            current = None
-    return tables
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from attnlab._gemm import float32_mm
+from cpuinfo import cpu_flags
 
 
 def operand(rows, cols, transposed, gen):
@@ -54,15 +55,6 @@ def test_strided_rows_are_read_with_their_leading_dimension():
 def test_bad_operands_are_named(a, b, out, match):
     with pytest.raises(ValueError, match=match):
         float32_mm(a, b, out)
-
-
-def cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f
-                         if line.startswith("flags")), [])
-    except OSError:
-        return []
 
 
 def test_fma_peak_is_measured_where_the_cpu_has_fma_vectors():

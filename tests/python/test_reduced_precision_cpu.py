@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab.nn import EncoderBlock, MultiheadAttention
+from cpuinfo import cpu_flags
 from reference import attention as reference_attention
 
 DTYPES = [torch.float16, torch.bfloat16]
@@ -250,16 +251,7 @@ def test_blocked_forward_of_broadcast_and_strided_inputs(causal, dtype):
     torch.testing.assert_close(weights.double(), ref_w, atol=tiny, rtol=EPS[dtype])
 
 
-def _cpu_flags():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].split() for line in f
-                         if line.startswith("flags")), [])
-    except OSError:
-        return []
-
-
-HAS_AVX512_BF16 = "avx512_bf16" in _cpu_flags()
+HAS_AVX512_BF16 = "avx512_bf16" in cpu_flags()
 
 
 def _route(env):

@@ -1,0 +1,94 @@
+"""benchmarks/attention_cpu.py and benchmarks/encoder_cpu.py on tiny shapes: the tables are well
+formed, each ratio matches its times, and the rate columns (% of the GEMM rate, % of the FMA
+peak, the GEMM floors) are filled where they apply and agree with one another. No timed
+assertions: only relations that hold whatever the machine's speed."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import attnlab
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import attention_cpu  # noqa: E402
+import encoder_cpu  # noqa: E402
+from markdown_tables import parse_tables  # noqa: E402
+
+HAS_OWN_GEMM = attnlab.build_info()["cpu_float32_products"] == "avx512"
+
+
+def matches_rounded(ratio, numerator, denominator):
+    """Whether a printed 2-decimal ratio fits two printed 3-decimal times (ms)."""
+    low = max(numerator - 5e-4, 0.0) / (denominator + 5e-4)
+    high = (numerator + 5e-4) / (denominator - 5e-4) if denominator > 5e-4 else float("inf")
+    return low * 0.99 - 0.01 <= ratio <= high * 1.01 + 0.01
+
+
+def test_attention_tables(monkeypatch, capsys, one_thread):
+    # A short shape, and one long enough (L >= 512) for the rate columns.
+    monkeypatch.setattr(attention_cpu, "SHAPES", [(1, 1, 8, 16), (1, 1, 512, 16)])
+    monkeypatch.setattr(attention_cpu, "GEMM_SIZE", 128)
+    attention_cpu.main(["--min-run-time", "0.01", "--rounds", "1", "--dtypes", "float32",
+                        "bfloat16", "--skip-memory"])
+    out = capsys.readouterr().out
+    assert out.startswith("Machine: ") and "threads, torch" in out.splitlines()[0]
+    peak = float(re.search(r"float32 FMA peak \(registers only, all 1 threads\): (\d+) GFLOP/s",
+                           out).group(1))
+    assert ("attnlab" in out.split("GEMM rates")[1].splitlines()[0]) == HAS_OWN_GEMM
+    float32, bfloat16, weights = parse_tables(out)
+    assert float32[0][-2:] == ["% of GEMM rate", "% of FMA peak"]
+    assert "% of GEMM rate" not in bfloat16[0]
+    for header, rows in (float32, bfloat16):
+        assert len(rows) == 2 * 2 * 2  # shapes × causal × passes
+        ratio = header.index("ratio")
+        for row in rows:
+            ours, theirs = float(row[3]), float(row[4])
+            assert ours > 0 and theirs > 0
+            assert matches_rounded(float(row[ratio]), theirs, ours), row
+    for row in float32[1]:
+        share, of_peak = row[-2], row[-1]
+        if row[0] == "(1, 1, 8, 16)":
+            assert share == "" and of_peak == ""
+            continue
+        assert share.endswith(" %") and float(share[:-2]) > 0
+        if peak > 0:
+            # The share of the peak, from the printed time and FLOPs (to the rounding).
+            causal, backward = row[1] == "True", row[2] == "fwd+bwd"
+            flops = attention_cpu.attention_flops(1, 1, 512, 16, causal, backward)
+            expected = 100 * flops / (float(row[3]) * 1e-3) / 1e9 / peak
+            assert float(of_peak[:-2]) == pytest.approx(expected, rel=0.05, abs=1.0)
+    header, rows = weights
+    assert header[-2:] == ["cost of weights", "vs plain"] and len(rows) == 8
+    for row in rows:
+        assert matches_rounded(float(row[-2]), float(row[3]), float(row[4])), row
+        assert matches_rounded(float(row[-1]), float(row[5]), float(row[3])), row
+
+
+def test_encoder_table(monkeypatch, capsys):
+    shape = (4, 6, 32, 2, 48)
+    monkeypatch.setattr(encoder_cpu, "SHAPES", [shape])
+    threads = torch.get_num_threads()
+    try:
+        encoder_cpu.main(["--min-run-time", "0.02", "--rounds", "1", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)
+    (header, rows), = parse_tables(capsys.readouterr().out)
+    assert header[-3:] == ["GEMM floor", "attnlab / floor", "GEMM FLOPs at FMA peak"]
+    (row,) = rows
+    assert row[0] == str(shape) and row[1] == "1"
+    ours, plain = float(row[2]), float(row[3])
+    assert matches_rounded(float(row[4]), plain, ours)
+    floor, by = re.fullmatch(r"([\d.]+) \((torch\.mm|attnlab)\)", row[5]).groups()
+    assert by in (["torch.mm", "attnlab"] if HAS_OWN_GEMM else ["torch.mm"])
+    assert matches_rounded(float(row[6]), ours, float(floor))
+    # 3 products per Linear: 2·rows·fan_in·fan_out FLOPs each.
+    B, L, d, _, d_ff = shape
+    assert encoder_cpu.gemm_flops(*shape[:3], d_ff) == 3 * 2 * B * L * (
+        d * 3 * d + d * d + d * d_ff + d_ff * d)
+    if row[7]:
+        assert float(row[7]) > 0

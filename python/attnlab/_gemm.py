@@ -20,6 +20,18 @@ def _operand(x: torch.Tensor, name: str):
     raise ValueError(f"{name}: expected unit stride along one dimension, got strides {x.stride()}")
 
 
+def _overlap(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether the byte ranges that x and y span (first to last element) intersect."""
+    if x.numel() == 0 or y.numel() == 0:
+        return False
+
+    def span(t):
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+    (x0, x1), (y0, y1) = span(x), span(y)
+    return x0 < y1 and y0 < x1
+
+
 def float32_fma_peak(seconds: float = 0.05) -> float:
     """This CPU's float32 multiply-add peak on torch's intra-op threads, GFLOP/s: independent
     FMAs on registers alone (AVX-512, else AVX2; 0.0 without either), all threads at once for
@@ -44,6 +56,10 @@ def float32_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None
             or out.device.type != "cpu":
         raise ValueError(f"out: expected a contiguous float32 CPU tensor of shape ({m}, {n}), "
                          f"got {tuple(out.shape)} {out.dtype}")
+    for name, x in (("a", a), ("b", b)):
+        if _overlap(out, x):
+            raise ValueError(f"out: must not share memory with {name} (the product would read "
+                             "what it has already overwritten)")
     _C._float32_gemm(trans_a, trans_b, m, n, k, a.data_ptr(), lda, b.data_ptr(), ldb,
                      out.data_ptr(), max(n, 1))
     return out

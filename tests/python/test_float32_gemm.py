@@ -57,6 +57,20 @@ def test_bad_operands_are_named(a, b, out, match):
         float32_mm(a, b, out)
 
 
+def test_an_out_that_shares_memory_with_an_operand_is_refused():
+    a = torch.randn(8, 8)
+    with pytest.raises(ValueError, match="out: must not share memory with a"):
+        float32_mm(a, torch.randn(8, 8), a)
+    storage = torch.randn(128)
+    b, out = storage[:64].view(8, 8), storage[32:96].view(8, 8)  # half of b under out
+    with pytest.raises(ValueError, match="out: must not share memory with b"):
+        float32_mm(torch.randn(8, 8), b, out)
+    # Neighbours in one storage that do not overlap are fine.
+    torch.testing.assert_close(float32_mm(torch.eye(8), storage[:64].view(8, 8),
+                                          storage[64:].view(8, 8)),
+                               storage[:64].view(8, 8))
+
+
 def test_fma_peak_is_measured_where_the_cpu_has_fma_vectors():
     from attnlab._gemm import float32_fma_peak
     flags = cpu_flags()

@@ -9,9 +9,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
+from torch.utils.benchmark import Timer
 
 import attnlab
-from torch.utils.benchmark import Timer
 
 
 def runner(fn, q, k, v, is_causal, backward):
@@ -88,19 +88,24 @@ def machine_description():
             f"(bfloat16 products: {attnlab.build_info()['cpu_bf16_products']})")
 
 
-def float32_gemms(size=2048):
-    """The float32 GEMMs the attention kernels are held to, as no-argument callables running a
-    size² product: {"torch.mm": ..., "attnlab": ...} (attnlab's own GEMM, which its kernels run,
-    only where it runs AVX-512; a BLAS need not use all of a CPU's vector width: on an AMD Zen 5
-    MKL's sgemm ran at 204 GFLOP/s on 2 threads and attnlab's at 327)."""
+def float32_products():
+    """The float32 GEMMs the kernels are held to, as mm(a, b, out) functions:
+    {"torch.mm": ..., "attnlab": ...}, attnlab's own GEMM (which its kernels run) only where it
+    runs AVX-512. A BLAS need not use all of a CPU's vector width: on an AMD Zen 5 MKL's sgemm
+    ran at 204 GFLOP/s on 2 threads and attnlab's at 327."""
     from attnlab._gemm import float32_mm
+    products = {"torch.mm": lambda a, b, out: torch.mm(a, b, out=out)}
+    if attnlab.build_info()["cpu_float32_products"] == "avx512":
+        products["attnlab"] = float32_mm
+    return products
+
+
+def float32_gemms(size=2048):
+    """float32_products as no-argument callables, each running a size² product."""
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(size, size, generator=gen) for _ in range(2))
     out = torch.empty(size, size)
-    gemms = {"torch.mm": lambda: torch.mm(a, b, out=out)}
-    if attnlab.build_info()["cpu_float32_products"] == "avx512":
-        gemms["attnlab"] = lambda: float32_mm(a, b, out)
-    return gemms
+    return {name: (lambda mm=mm: mm(a, b, out)) for name, mm in float32_products().items()}
 
 
 def fma_peak_gflops():

@@ -19,10 +19,9 @@ import math
 import torch
 from torch import nn
 
-import attnlab
-from attnlab._gemm import float32_mm
 from attnlab.nn import EncoderBlock
-from common import compare, fma_peak_gflops, machine_description, markdown_table
+from common import (compare, float32_products, fma_peak_gflops, machine_description,
+                    markdown_table)
 
 # (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of the UvA tutorial.
 SHAPES = [(128, 16, 32, 1, 64), (64, 10, 256, 4, 512)]
@@ -83,11 +82,8 @@ def main(argv=None):
                         help="intra-op thread counts to measure (default: 1 and all)")
     args = parser.parse_args(argv)
     print(f"Machine: {machine_description()}\n")
-    gemms = [lambda a, b, out: torch.mm(a, b, out=out)]
-    names = ["torch.mm"]
-    if attnlab.build_info()["cpu_float32_products"] == "avx512":
-        gemms.append(float32_mm)
-        names.append("attnlab")
+    products = float32_products()
+    names = list(products)
     rows = []
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -104,7 +100,7 @@ def main(argv=None):
             # The floor in the same alternating rounds as the layers: timed apart, a slow spell
             # of the machine between them moved the ratio (1.31 and 1.50 in two runs an hour
             # apart on the 2-vCPU Intel Xeon).
-            floors = [gemm_floor(B, L, d, d_ff, mm) for mm in gemms]
+            floors = [gemm_floor(B, L, d, d_ff, mm) for mm in products.values()]
             t_ours, t_plain, *t_floors = compare(
                 [run(ours), run(plain), *floors], args.min_run_time,
                 rounds=args.rounds, num_threads=threads)

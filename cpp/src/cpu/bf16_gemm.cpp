@@ -300,6 +300,28 @@ ATTNLAB_BF16_INLINE void column_block(int64_t m, int64_t pairs, const Pair* a, i
   }
 }
 
+// Every column of C through the register blocks: blocks of kCols columns, then the last one or
+// two vectors, masked. B's columns from j0 start at b + j0·b_col, their pairs ldb apart; ldb = 0
+// for B packed in panels, whose pairs lie round_up(width, 16) apart (the panel's own width).
+ATTNLAB_BF16_INLINE void column_blocks(int64_t m, int64_t n, int64_t pairs, const Pair* a,
+                                       int64_t a_row, int64_t a_pair, const Pair* b,
+                                       int64_t b_col, int64_t ldb, float alpha, float beta,
+                                       float* c, int64_t ldc) {
+  int64_t j0 = 0;
+  for (; j0 + kCols <= n; j0 += kCols) {
+    column_block<kVecs>(m, pairs, a, a_row, a_pair, b + j0 * b_col, ldb ? ldb : kCols, alpha,
+                        beta, c + j0, ldc, __mmask16(0xFFFF));
+  }
+  const int64_t rest = n - j0;  // fewer than kCols columns: one or two vectors, the last masked
+  if (rest > kLanes16) {
+    column_block<2>(m, pairs, a, a_row, a_pair, b + j0 * b_col, ldb ? ldb : 2 * kLanes16, alpha,
+                    beta, c + j0, ldc, first_lanes(rest - kLanes16));
+  } else if (rest > 0) {
+    column_block<1>(m, pairs, a, a_row, a_pair, b + j0 * b_col, ldb ? ldb : kLanes16, alpha,
+                    beta, c + j0, ldc, first_lanes(rest));
+  }
+}
+
 // C = alpha·A·B + beta·C through torch's oneDNN brgemm (AMX tiles where the CPU has them), for
 // the packed operands below: A's rows of pairs are row-major bfloat16 (lda = 2·pairs), and each
 // panel of B (pair p of column j at p·ldo + j, ldo = 16 or 32) is the "VNNI" layout
@@ -413,19 +435,7 @@ ATTNLAB_BF16 void bf16_gemm_avx512(bool trans_a, bool trans_b, int64_t m, int64_
     brgemm_panels(m, n, pairs, pa, pb, alpha, beta, c, ldc);
     return;
   }
-  int64_t j0 = 0;
-  for (; j0 + kCols <= n; j0 += kCols) {
-    column_block<kVecs>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, kCols, alpha, beta, c + j0,
-                        ldc, __mmask16(0xFFFF));
-  }
-  const int64_t rest = n - j0;  // fewer than kCols columns: one or two vectors, the last masked
-  if (rest > kLanes16) {
-    column_block<2>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, 2 * kLanes16, alpha, beta,
-                    c + j0, ldc, first_lanes(rest - kLanes16));
-  } else if (rest > 0) {
-    column_block<1>(m, pairs, pa, a_row, a_pair, pb + j0 * pairs, kLanes16, alpha, beta, c + j0,
-                    ldc, first_lanes(rest));
-  }
+  column_blocks(m, n, pairs, pa, a_row, a_pair, pb, pairs, 0, alpha, beta, c, ldc);
 }
 
 // Whether bf16_gemm takes the brgemm route: by default where oneDNN packs bfloat16 B for its
@@ -614,22 +624,9 @@ ATTNLAB_BF16 void bf16_gemm_prepacked16(int64_t m, int64_t n, int64_t k, float a
       for (int64_t i = 0; i < m; ++i) std::memcpy(rows.data() + i * a_row, a + i * lda, 2 * even);
       pa = rows.data();
     }
-    const Pair* pb = packed + (k0 / 2) * ldo + n0;
     // An even k takes alpha in the blocks; an odd k's last term comes after, then alpha.
-    const float block_alpha = k == even ? alpha : 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    int64_t j0 = 0;
-    for (; j0 + kCols <= n; j0 += kCols) {
-      column_block<kVecs>(m, even / 2, pa, a_row, 1, pb + j0, ldo, block_alpha, beta, c + j0,
-                          ldc, __mmask16(0xFFFF));
-    }
-    const int64_t rest = n - j0;
-    if (rest > kLanes16) {
-      column_block<2>(m, even / 2, pa, a_row, 1, pb + j0, ldo, block_alpha, beta, c + j0, ldc,
-                      first_lanes(rest - kLanes16));
-    } else if (rest > 0) {
-      column_block<1>(m, even / 2, pa, a_row, 1, pb + j0, ldo, block_alpha, beta, c + j0, ldc,
-                      first_lanes(rest));
-    }
+    column_blocks(m, n, even / 2, pa, a_row, 1, packed + (k0 / 2) * ldo + n0, 1, ldo,
+                  k == even ? alpha : 1.0f, accumulate ? 1.0f : 0.0f, c, ldc);
     if (k == even) return;
   } else if (even > 0) {
     const auto* b = reinterpret_cast<const c10::BFloat16*>(packed + (k0 / 2) * ldo + n0);

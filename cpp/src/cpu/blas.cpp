@@ -27,6 +27,14 @@ namespace {
 // kernel. Measured for C = A·Bᵀ with k = 64 on an AVX-512 AMD EPYC core (small kernel vs MKL
 // sgemm_): m = n = 16: 0.54 vs 0.56 µs; 48: 2.9 vs 3.5 µs; 64: 4.9 vs 6.0 µs.
 constexpr int64_t kSmallWork = 64 * 64 * 64;
+// The same bound on CPUs without AVX-512, for float32: there the kernel runs its x86-64-v3
+// clone, in which GCC 12 turns part of the 64-byte vector code into scalar code, and MKL's
+// sgemm_ beat it at every size measured above 8×8×8 on one AMD EPYC (Zen 3) core (µs per call
+// through attnlab._gemm.float32_mm, about 14 of them Python's; small kernel → MKL):
+// 16×16×32 16.2 → 14.9, 32×32×32 23.5 → 15.8, 32×64×64 50 → 19-21, 64×64×64 82 → 22-24. The
+// causal (8, 8, 512, 64) backward, whose diagonal steps are such products, took 132-138 ms
+// instead of 359 on one thread.
+constexpr int64_t kSmallWorkFloat32WithoutAvx512 = 8 * 8 * 8;
 constexpr int64_t kPackedBytes = 32 * 1024;
 
 // float32 products go to f32_gemm (cpu/f32_gemm.h) on AVX-512 CPUs, at every size up to this
@@ -174,7 +182,10 @@ void gemm_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
       return;
     }
   }
-  if (m * n * k <= kSmallWork &&
+  const int64_t small_work = std::is_same_v<T, float> && !has_avx512_core()
+                                 ? kSmallWorkFloat32WithoutAvx512
+                                 : kSmallWork;
+  if (m * n * k <= small_work &&
       k * round_up(n, kLanes<T>) <= kPackedBytes / static_cast<int64_t>(sizeof(T))) {
     small_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;

@@ -109,8 +109,8 @@ bool rows_on_avx2() {
 }
 
 // exp_nonpositive (vec_math.h) over 8 lanes, the same formula step by step: x clamped below
-// at -100 (NaN kept), x = n·ln2 + r, Cephes' degree-7 polynomial, 2^n from the exponent bits
-// (clamped to 0 below the normal range).
+// at -100 (NaN kept), x = n·ln2 + r, Cephes' degree-7 polynomial, 2^n from the exponent bits.
+// Lanes below −87 are 0, as exp_shifted16 gives them (no subnormals); NaN stays NaN.
 ATTNLAB_AVX2_INLINE __m256 exp_nonpositive8(__m256 x) {
   const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-100.0f), x);  // (NaN: the 2nd operand)
   const __m256 round = _mm256_set1_ps(12582912.0f);
@@ -126,7 +126,8 @@ ATTNLAB_AVX2_INLINE __m256 exp_nonpositive8(__m256 x) {
   const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
   __m256i bits = _mm256_sub_epi32(_mm256_castps_si256(shifted), _mm256_set1_epi32(0x4B400000 - 127));
   bits = _mm256_slli_epi32(_mm256_max_epi32(bits, _mm256_setzero_si256()), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  const __m256 normal = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_NLT_UQ);
+  return _mm256_and_ps(normal, _mm256_mul_ps(y, _mm256_castsi256_ps(bits)));
 }
 
 ATTNLAB_AVX2_INLINE float sum8(__m256 v) {

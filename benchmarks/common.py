@@ -73,8 +73,9 @@ def cpu_isa():
 
 
 def machine_description():
-    """CPU model and ISA, threads, the versions of torch and attnlab, and where attnlab runs
-    bfloat16 products here: the header of every table."""
+    """CPU model and ISA, threads, the versions of torch and attnlab, and where attnlab runs its
+    vector kernels and bfloat16 products here: the header of every table. ATTNLAB_CPU_ISA=avx2
+    (attnlab's AVX2 paths on an AVX-512 CPU) and ATEN_CPU_CAPABILITY (torch's) show there."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
@@ -85,7 +86,8 @@ def machine_description():
     return (f"{cpu} [{cpu_isa()}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), "
             f"attnlab {attnlab.__version__} "
-            f"(bfloat16 products: {attnlab.build_info()['cpu_bf16_products']})")
+            f"(vector kernels: {attnlab.build_info()['cpu_vector_kernels']}, "
+            f"bfloat16 products: {attnlab.build_info()['cpu_bf16_products']})")
 
 
 def float32_products():

@@ -26,7 +26,12 @@ def build_info() -> dict:
     ``cpu_bf16_product_speedup``: the multiply-add rate of vdpbf16ps over float32 FMAs on this
     CPU, measured once at run time (0 without AVX512-BF16), and ``cpu_float32_products``:
     ``"avx512"`` where float32 products run in attnlab's own AVX-512 GEMM (the fused encoder
-    block's results are then bitwise the same for every thread count), else ``"blas"``."""
+    block's results are then bitwise the same for every thread count), else ``"blas"``, and
+    ``cpu_vector_kernels``: the code the small-shape kernels and the softmax's row passes run
+    (``"avx512"``, ``"avx2"`` on CPUs with AVX2 and FMA but no AVX-512, or ``"generic"``).
+    ``ATTNLAB_CPU_ISA=avx2`` in the environment before the import makes attnlab choose its
+    kernels as on an AVX2 CPU (``"avx2"``, ``"blas"``, bfloat16 products widened), to test or
+    time those paths on an AVX-512 machine."""
     return _C.build_info()
 
 

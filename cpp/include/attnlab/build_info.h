@@ -26,6 +26,11 @@ std::string cpu_bf16_products();
 // is split into blocks or among threads) or "blas" (the BLAS torch links).
 std::string cpu_float32_products();
 
+// The code the small-shape kernels and the softmax's row passes run on this CPU: "avx512",
+// "avx2" (CPUs with AVX2 and FMA but no AVX-512, or ATTNLAB_CPU_ISA=avx2 in the environment,
+// which also sends float32 products to the BLAS) or "generic".
+std::string cpu_vector_kernels();
+
 // The multiply-add rate of vdpbf16ps over that of float32 FMAs on this CPU, measured once by a
 // register-only probe (0 without AVX512-BF16): about 2 on an AMD Zen 4, 0.5 on an Intel Xeon
 // (Emerald Rapids).

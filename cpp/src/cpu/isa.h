@@ -5,8 +5,12 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_ISA_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+// The same without the x86-64-v3 (AVX2) clone, for functions whose AVX2 CPUs take their own
+// code (a 32-byte-vector copy chosen by avx2_without_avx512() below).
+#define ATTNLAB_AVX512_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 #else
 #define ATTNLAB_ISA_CLONES
+#define ATTNLAB_AVX512_CLONES
 #endif
 #define ATTNLAB_INLINE inline __attribute__((always_inline))
 // Unrolls the loop that follows completely (its trip count a small constant), so that arrays
@@ -42,32 +46,69 @@ struct CacheLineAllocator {
 template <typename T>
 using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
-// One 64-byte vector of T (GCC vector extension; narrower instruction sets split it). Spelled
-// out per type: GCC ignores vector_size on a dependent alias template.
+// One vector of T (GCC vector extension): 64 bytes, split by narrower instruction sets. A file
+// that defines ATTNLAB_VECTOR_BYTES as 32 before its first include gets 32-byte vectors instead
+// (the AVX2 copies of the small kernels, e.g. small_attention_avx2.cpp). Each width lives in its
+// own inline namespace, so the two are distinct types and every function over them a distinct
+// symbol. Spelled out per type: GCC ignores vector_size on a dependent alias template.
+#ifndef ATTNLAB_VECTOR_BYTES
+#define ATTNLAB_VECTOR_BYTES 64
+#endif
+#if ATTNLAB_VECTOR_BYTES == 64
+#define ATTNLAB_VECTOR_NAMESPACE vec64
+#elif ATTNLAB_VECTOR_BYTES == 32
+#define ATTNLAB_VECTOR_NAMESPACE vec32
+#else
+#error "ATTNLAB_VECTOR_BYTES must be 64 or 32"
+#endif
+inline namespace ATTNLAB_VECTOR_NAMESPACE {
 template <typename T>
-struct Vector64;
+struct VectorOf;
 template <>
-struct Vector64<float> {
-  typedef float type __attribute__((vector_size(64)));
+struct VectorOf<float> {
+  typedef float type __attribute__((vector_size(ATTNLAB_VECTOR_BYTES)));
 };
 template <>
-struct Vector64<double> {
-  typedef double type __attribute__((vector_size(64)));
+struct VectorOf<double> {
+  typedef double type __attribute__((vector_size(ATTNLAB_VECTOR_BYTES)));
 };
 template <typename T>
-using Vec = typename Vector64<T>::type;
+using Vec = typename VectorOf<T>::type;
 template <typename T>
-constexpr int64_t kLanes = 64 / sizeof(T);
-static_assert(sizeof(Vec<float>) == 64 && sizeof(Vec<double>) == 64);
+constexpr int64_t kLanes = ATTNLAB_VECTOR_BYTES / sizeof(T);
+static_assert(sizeof(Vec<float>) == ATTNLAB_VECTOR_BYTES);
+}  // namespace ATTNLAB_VECTOR_NAMESPACE
+
+// ATTNLAB_CPU_ISA=avx2 in the environment (read once) makes attnlab choose its kernels as on a
+// CPU with AVX2 and FMA but no AVX-512: the BLAS for float32 products, the AVX2 row passes and
+// the AVX2 small kernels. For tests and measurements of those paths on AVX-512 machines; the
+// ATTNLAB_ISA_CLONES functions are still picked by the loader from what the CPU has.
+bool cpu_isa_capped_at_avx2();
 
 // Whether this CPU has the AVX-512 subsets (F, BW, VL, DQ) that attnlab's own GEMM kernels are
-// compiled for, checked once.
+// compiled for, checked once (false under ATTNLAB_CPU_ISA=avx2).
 inline bool has_avx512_core() {
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool available = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return !cpu_isa_capped_at_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq");
+  }();
+  return available;
+#else
+  return false;
+#endif
+}
+
+// Whether the explicit AVX2 paths run: AVX2 and FMA present, the AVX-512 ones not chosen. GCC 12
+// turns the comparisons, selects and cross-half shuffles of the generic 64-byte vectors into
+// one scalar instruction per lane in its x86-64-v3 clones, so those CPUs get their own code.
+inline bool avx2_without_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool available = [] {
+    __builtin_cpu_init();
+    return !has_avx512_core() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
   return available;
 #else

@@ -1,286 +1,39 @@
 #include "cpu/small_attention.h"
 
-// The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
-// per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
-#pragma GCC diagnostic ignored "-Wpsabi"
-
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <utility>
-
 #include "cpu/isa.h"
-#include "cpu/vec_math.h"
-#include "cpu/vec_lanes.h"
+#include "cpu/small_attention_impl.h"
 
 namespace attnlab::cpu {
+
+// The float kernels: 64-byte vectors compiled for AVX-512 and for any x86-64, and their
+// 32-byte-vector copies (small_attention_avx2.cpp) where the CPU has AVX2 and FMA but not
+// AVX-512. GCC 12's x86-64-v3 clone of the 64-byte code ran every comparison, select and
+// shuffle lane by lane (21,378 of small_attention_rows<float>'s 49,851 instructions were
+// scalar), so it is not built; the branch is taken outside the clones.
 namespace {
-
-// Both directions hold a group of up to L query rows in the lanes of a vector: one vector per
-// key carries that key's score (probability, gradient) for every row of the group. The softmax
-// over the keys is then a run of whole-vector operations with no reductions across lanes (the
-// earlier row-per-vector layout needed two lane-tree reductions per row, for the maxima and the
-// sums), and the group's log-sum-exps and deltas are one vector each. Products take Qᵀ or dOᵀ
-// (in-register transposes of the group's rows) against K's or V's elements broadcast straight
-// from memory. O = P·V and dQ = dS·K are accumulated as rows, with P's (dS's) elements
-// broadcast from the stored vectors against V's (K's) rows; the optional weights, dS and dP
-// come back to rows through in-register transposes. One thread, (16 rows, 16 keys, 32
-// features): forward 0.72 → 0.58 µs, backward 1.25 → 1.15 µs (session 10's rewrite).
-
-// st[j0 + t] = Σ_e k[j0 + t, e]·qt[e] for the NK keys from j0 (keys past `last` repeat it:
-// finite padding whose scores are not read), one accumulator chain per key: each Qᵀ vector
-// loaded serves NK keys, the key elements are broadcast from memory by the multiply-adds.
-template <typename T, int NK>
-ATTNLAB_INLINE void key_scores_pass(const Vec<T>* qt, int64_t dim_qk, const T* k, int64_t ldk,
-                                    int64_t j0, int64_t last, Vec<T>* st) {
-  const T* key[NK];
-  for (int t = 0; t < NK; ++t) key[t] = k + std::min<int64_t>(j0 + t, last) * ldk;
-  Vec<T> acc[NK];
-  for (int t = 0; t < NK; ++t) acc[t] = Vec<T>{};
-  for (int64_t e = 0; e < dim_qk; ++e) {
-    const Vec<T> qe = qt[e];
-    for (int t = 0; t < NK; ++t) acc[t] += key[t][e] * qe;
-  }
-  for (int t = 0; t < NK; ++t) st[j0 + t] = acc[t];
-}
-
-// st[j] = Σ_e k[j, e]·qt[e] for every key j < len_k: passes of eight keys (four for a last
-// pass of at most four); st has room for L vectors.
-template <typename T>
-ATTNLAB_INLINE void key_scores(const Vec<T>* qt, int64_t dim, const T* k, int64_t ldk,
-                               int64_t len_k, Vec<T>* st) {
-  for (int64_t j0 = 0; j0 < len_k; j0 += len_k - j0 > 4 ? 8 : 4) {
-    if (len_k - j0 > 4) {
-      key_scores_pass<T, 8>(qt, dim, k, ldk, j0, len_k - 1, st);
-    } else {
-      key_scores_pass<T, 4>(qt, dim, k, ldk, j0, len_k - 1, st);
-    }
-  }
-}
-
-// out[i, :] = Σ_j pt[j][i]·v[j, :] for the first `group` rows (ld_out apart): straight into
-// rows, P's elements broadcast from pt against V's row vectors, eight rows and two vectors of
-// columns at a time (small_key_sums with rows in place of keys). Accumulating Oᵀ instead (rows
-// in lanes, V's elements broadcast) needed a transpose back to rows: 2 % slower forward.
-template <typename T>
-ATTNLAB_INLINE void weighted_rows(const Vec<T>* pt, int64_t len_k, const T* v, int64_t ldv,
-                                  int64_t dim_v, int64_t group, T* out, int64_t ld_out) {
-  small_key_sums<T>(reinterpret_cast<const T*>(pt), len_k, group, v, ldv, dim_v, T(1), out,
-                    ld_out);
-}
-
-// The first `group` rows of the L vectors x (one per key, rows in lanes) as rows of len_k
-// values (stride ld): the transposes back of the weights, dS and dP.
-template <typename T>
-ATTNLAB_INLINE void store_key_vectors_as_rows(const Vec<T>* x, int64_t len_k, int64_t group,
-                                              T* dst, int64_t ld) {
-  alignas(64) Vec<T> block[kLanes<T>];
-  std::memcpy(block, x, sizeof(block));
-  transpose_block<T>(block);
-  for (int64_t i = 0; i < group; ++i) store_part(dst + i * ld, block[i], len_k);
-}
-
-// Lane i of a group from row r0 sees the keys j < result[i], for a causal limit
-// clamp(visible_base + r0 + i, 0, len_k) (clamped loosely: only j < len_k are compared).
-template <typename T>
-ATTNLAB_INLINE Vec<T> visible_keys(int64_t visible_base, int64_t r0, int64_t len_k) {
-  constexpr int64_t L = kLanes<T>;
-  return lane_index<T>() + static_cast<T>(std::clamp<int64_t>(visible_base + r0, -L, len_k));
-}
-
-template <typename T>
-ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64_t dim_qk,
-                                              int64_t dim_v, const T* q, int64_t ldq,
-                                              const T* k, int64_t ldk, const T* v, int64_t ldv,
-                                              const T* mask, int64_t mask_ld,
-                                              int64_t visible_base, T scale, T* out,
-                                              int64_t ld_out, T* lse, T* weights,
-                                              int64_t ld_weights) {
-  constexpr int64_t L = kLanes<T>;
-  static_assert(L % 8 == 0);
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
-  const Vec<T> lane = lane_index<T>();
-  const auto max_op = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
-
-  for (int64_t r0 = 0; r0 < rows; r0 += L) {
-    const int64_t group = std::min(L, rows - r0);
-    // qt[e]: feature e of the group's rows, one row per lane (zeros past the group).
-    alignas(64) Vec<T> qt[kSmallAttentionMaxDim];
-    transpose_rows(q + r0 * ldq, ldq, group, dim_qk, qt);
-    alignas(64) Vec<T> st[L];
-    key_scores(qt, dim_qk, k, ldk, len_k, st);
-    // The mask as Qᵀ: mt[j] holds key j's mask entry of every row.
-    alignas(64) Vec<T> mt[L];
-    if (mask) transpose_rows(mask + r0 * mask_ld, mask_ld, group, len_k, mt);
-    const Vec<T> visible = visible_keys<T>(visible_base, r0, len_k);
-    Vec<T> maxima = Vec<T>{} + kNegInf;
-    for (int64_t j = 0; j < len_k; ++j) {
-      Vec<T> s = st[j] * scale;
-      // A −inf mask entry hides the key whatever its score (NaN included).
-      if (mask) s = mt[j] == kNegInf ? kNegInf : s + mt[j];
-      s = static_cast<T>(j) < visible ? s : kNegInf;
-      st[j] = s;
-      // The max skips NaN; a NaN score still reaches the sum below and makes the row NaN.
-      maxima = s > maxima ? s : maxima;
-    }
-    // Rows that see no key (max −inf) are finished apart below; 0 keeps their arithmetic quiet.
-    const Vec<T> shift = maxima == kNegInf ? T(0) : maxima;
-    Vec<T> sums = {};
-    for (int64_t j = 0; j < len_k; ++j) {
-      st[j] = exp_nonpositive_vec(st[j] - shift);
-      sums += st[j];
-    }
-    const Vec<T> inv_sums = T(1) / sums;
-    store_part(lse + r0, maxima + log_positive_vec(sums), group);
-    // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
-    alignas(64) Vec<T> pt[L];
-    for (int64_t j = 0; j < L; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
-    weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * ld_out, ld_out);
-    if (weights) store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
-    // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
-    // (its sum is then NaN, and 0 otherwise).
-    const Vec<T> unseen = (maxima == kNegInf) & (lane < static_cast<T>(group)) ? T(1) : T(0);
-    if (reduce_lanes<T>(unseen, max_op) == T(0)) continue;
-    for (int64_t i = 0; i < group; ++i) {
-      if (unseen[i] == T(0)) continue;
-      const int64_t r = r0 + i;
-      const int64_t n_visible = std::clamp<int64_t>(visible_base + r, 0, len_k);
-      const bool has_nan = sums[i] != sums[i];
-      std::fill(out + r * ld_out, out + r * ld_out + dim_v, has_nan ? kNaN : T(0));
-      lse[r] = has_nan ? kNaN : kNegInf;
-      if (weights) {
-        T* wr = weights + r * ld_weights;
-        std::fill(wr, wr + len_k, T(0));
-        if (has_nan) std::fill(wr, wr + n_visible, kNaN);
-      }
-    }
-  }
-}
-
-// The backward in the forward's layout: per group of up to L query rows (one per lane), one
-// vector per key of Pᵀ (recomputed as exp(scale·Qᵀ·K + mask − lse), or the forward's weights
-// transposed), dPᵀ = dOᵀ·V, delta = Σ_j Pᵀ[j] ⊙ dPᵀ[j], dSᵀ = Pᵀ ⊙ (dPᵀ − delta) and dQ = dS·K
-// through its transpose; dK and dV sum over every row at the end from the stored Pᵀ and
-// scale·dSᵀ. delta is the row term dO_i·O_i of the softmax gradient, taken here as Σ_j P_ij·dP_ij
-// (the same sum, as O_i = Σ_j P_ij·V_j): whole vectors already in registers, where dO·O needed
-// a separate pass over the rows with a reduction across lanes for each.
-template <typename T>
-ATTNLAB_INLINE void small_attention_backward_impl(
-    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
-    const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
-    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
-    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights) {
-  constexpr int64_t L = kLanes<T>;
-  constexpr int64_t kRows = kSmallBackwardMaxRows;
-  constexpr T kNegInf = -std::numeric_limits<T>::infinity();
-  // pt_all[j][i] = P[i, j] and ds_all[j][i] = scale·dS[i, j] of every row, for dV and dK.
-  alignas(64) T pt_all[L][kRows];
-  alignas(64) T ds_all[L][kRows];
-  for (int64_t r0 = 0; r0 < len_q; r0 += L) {
-    const int64_t group = std::min(L, len_q - r0);
-    alignas(64) Vec<T> pt[L];
-    if (probs) {
-      transpose_rows(probs + r0 * len_k, len_k, group, len_k, pt);
-    } else {
-      alignas(64) Vec<T> qt[kSmallAttentionMaxDim];
-      transpose_rows(q + r0 * ldq, ldq, group, dim_qk, qt);
-      key_scores(qt, dim_qk, k, ldk, len_k, pt);
-      alignas(64) Vec<T> mt[L];
-      if (mask) transpose_rows(mask + r0 * mask_ld, mask_ld, group, len_k, mt);
-      const Vec<T> l = load_part(lse + r0, group);
-      // A row that saw no key (lse −inf) has P = 0 throughout.
-      const Vec<T> visible = l == kNegInf ? T(0) : visible_keys<T>(visible_base, r0, len_k);
-      for (int64_t j = 0; j < len_k; ++j) {
-        Vec<T> s = pt[j] * scale;
-        if (mask) s = mt[j] == kNegInf ? kNegInf : s + mt[j];
-        pt[j] = static_cast<T>(j) < visible ? exp_nonpositive_vec(s - l) : T(0);
-      }
-    }
-    // dPᵀ[j] = Σ_c v[j, c]·dOᵀ[c], then dSᵀ = Pᵀ ⊙ (dPᵀ − delta).
-    alignas(64) Vec<T> dpt[L];
-    {
-      alignas(64) Vec<T> dot[kSmallAttentionMaxDim];
-      transpose_rows(dout + r0 * ld_dout, ld_dout, group, dim_v, dot);
-      key_scores(dot, dim_v, v, ldv, len_k, dpt);
-    }
-    if (dweights) store_key_vectors_as_rows(dpt, len_k, group, dweights + r0 * len_k, len_k);
-    Vec<T> d = {};
-    for (int64_t j = 0; j < len_k; ++j) d += pt[j] * dpt[j];
-    alignas(64) Vec<T> dst[L];
-    for (int64_t j = 0; j < L; ++j) dst[j] = j < len_k ? pt[j] * (dpt[j] - d) : Vec<T>{};
-    if (dmask) store_key_vectors_as_rows(dst, len_k, group, dmask + r0 * len_k, len_k);
-    for (int64_t j = 0; j < L; ++j) {
-      if (j >= len_k) pt[j] = Vec<T>{};
-      dst[j] *= scale;
-      std::memcpy(pt_all[j] + r0, &pt[j], sizeof(pt[j]));
-      std::memcpy(ds_all[j] + r0, &dst[j], sizeof(dst[j]));
-    }
-    // dQ = scale·dS·K.
-    weighted_rows(dst, len_k, k, ldk, dim_qk, group, dq + r0 * ld_dq, ld_dq);
-  }
-  // dK_j = scale·Σ_i dS_ij·Q_i and dV_j = Σ_i P_ij·dO_i.
-  small_key_sums<T, 1, kRows>(ds_all[0], len_q, len_k, q, ldq, dim_qk, T(1), dk, ld_dk);
-  small_key_sums<T, 1, kRows>(pt_all[0], len_q, len_k, dout, ld_dout, dim_v, T(1), dv, ld_dv);
-}
-
-// The head sizes of the tutorials' models (32 and 64, equal for queries and values) as
-// compile-time constants: every helper is inlined, so each call below is its own copy of the
-// kernel in which the loops over the features have constant counts (unrolled, no remainder
-// vectors) and the rows' strides fold into the addresses. Other sizes take the general copy.
-template <typename T>
-ATTNLAB_INLINE void small_attention_rows_sized(int64_t rows, int64_t len_k, int64_t dim_qk,
-                                               int64_t dim_v, const T* q, int64_t ldq,
-                                               const T* k, int64_t ldk, const T* v, int64_t ldv,
-                                               const T* mask, int64_t mask_ld,
-                                               int64_t visible_base, T scale, T* out,
-                                               int64_t ld_out, T* lse, T* weights,
-                                               int64_t ld_weights) {
-  if (dim_qk == 32 && dim_v == 32) {
-    small_attention_rows_impl<T>(rows, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                                 visible_base, scale, out, ld_out, lse, weights, ld_weights);
-  } else if (dim_qk == 64 && dim_v == 64) {
-    small_attention_rows_impl<T>(rows, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                                 visible_base, scale, out, ld_out, lse, weights, ld_weights);
-  } else {
-    small_attention_rows_impl<T>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                 mask_ld, visible_base, scale, out, ld_out, lse, weights, ld_weights);
-  }
-}
-
-template <typename T>
-ATTNLAB_INLINE void small_attention_backward_sized(
-    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
-    const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
-    int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
-    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights) {
-  if (dim_qk == 32 && dim_v == 32) {
-    small_attention_backward_impl<T>(len_q, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask,
-                                     mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
-  } else if (dim_qk == 64 && dim_v == 64) {
-    small_attention_backward_impl<T>(len_q, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask,
-                                     mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
-  } else {
-    small_attention_backward_impl<T>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                     mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
-  }
-}
-
+ATTNLAB_SMALL_ATTENTION_FLOAT_KERNELS(ATTNLAB_AVX512_CLONES, rows_64, backward_64)
 }  // namespace
 
-ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
-                                             int64_t dim_v, const float* q, int64_t ldq,
-                                             const float* k, int64_t ldk, const float* v,
-                                             int64_t ldv, const float* mask, int64_t mask_ld,
-                                             int64_t visible_base, float scale, float* out,
-                                             int64_t ld_out, float* lse, float* weights,
-                                             int64_t ld_weights) {
-  small_attention_rows_sized(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                             visible_base, scale, out, ld_out, lse, weights, ld_weights);
+void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
+                          const float* q, int64_t ldq, const float* k, int64_t ldk,
+                          const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
+                          int64_t visible_base, float scale, float* out, int64_t ld_out,
+                          float* lse, float* weights, int64_t ld_weights) {
+  const auto kernel = avx2_without_avx512() ? avx2::small_attention_rows : rows_64;
+  kernel(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld, visible_base, scale,
+         out, ld_out, lse, weights, ld_weights);
+}
+
+void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,
+                              const float* q, int64_t ldq, const float* k, int64_t ldk,
+                              const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
+                              int64_t visible_base, float scale, const float* dout,
+                              int64_t ld_dout, const float* lse, const float* probs, float* dq,
+                              int64_t ld_dq, float* dk, int64_t ld_dk, float* dv, int64_t ld_dv,
+                              float* dmask, float* dweights) {
+  const auto kernel = avx2_without_avx512() ? avx2::small_attention_backward : backward_64;
+  kernel(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld, visible_base, scale,
+         dout, ld_dout, lse, probs, dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk,
@@ -292,17 +45,6 @@ ATTNLAB_ISA_CLONES void small_attention_rows(int64_t rows, int64_t len_k, int64_
                                              int64_t ld_weights) {
   small_attention_rows_impl(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask, mask_ld,
                             visible_base, scale, out, ld_out, lse, weights, ld_weights);
-}
-
-ATTNLAB_ISA_CLONES void small_attention_backward(
-    int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const float* q, int64_t ldq,
-    const float* k, int64_t ldk, const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
-    int64_t visible_base, float scale, const float* dout, int64_t ld_dout, const float* lse,
-    const float* probs, float* dq, int64_t ld_dq, float* dk, int64_t ld_dk, float* dv,
-    int64_t ld_dv, float* dmask, float* dweights) {
-  small_attention_backward_sized(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                 mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                 dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
 }
 
 ATTNLAB_ISA_CLONES void small_attention_backward(

@@ -10,6 +10,10 @@
 
 namespace attnlab::cpu {
 
+// The most keys the kernels take: one 64-byte vector's lanes (16 floats, 8 doubles).
+template <typename T>
+constexpr int64_t kSmallKeys = 64 / sizeof(T);
+
 // The largest head sizes the kernel takes (its packed K and V live on the stack).
 constexpr int64_t kSmallAttentionMaxDim = 256;
 // The most query rows small_attention_backward takes (one batch entry whole).
@@ -18,7 +22,7 @@ constexpr int64_t kSmallBackwardMaxRows = 256;
 // Whether small_attention_rows takes a problem of this size.
 template <typename T>
 constexpr bool small_attention_fits(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
-  return len_k <= static_cast<int64_t>(64 / sizeof(T)) && dim_qk <= kSmallAttentionMaxDim &&
+  return len_k <= kSmallKeys<T> && dim_qk <= kSmallAttentionMaxDim &&
          dim_v <= kSmallAttentionMaxDim;
 }
 
@@ -59,5 +63,23 @@ void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int6
                               int64_t ld_dout, const double* lse, const double* probs,
                               double* dq, int64_t ld_dq, double* dk, int64_t ld_dk, double* dv,
                               int64_t ld_dv, double* dmask, double* dweights);
+
+// The float kernels in 32-byte vectors, compiled for AVX2 and FMA (small_attention_avx2.cpp):
+// what the functions above run on CPUs with AVX2 but not AVX-512 (avx2_without_avx512,
+// cpu/isa.h). Callable only where the CPU has AVX2 and FMA.
+namespace avx2 {
+void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
+                          const float* q, int64_t ldq, const float* k, int64_t ldk,
+                          const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
+                          int64_t visible_base, float scale, float* out, int64_t ld_out,
+                          float* lse, float* weights, int64_t ld_weights);
+void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,
+                              const float* q, int64_t ldq, const float* k, int64_t ldk,
+                              const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
+                              int64_t visible_base, float scale, const float* dout,
+                              int64_t ld_dout, const float* lse, const float* probs, float* dq,
+                              int64_t ld_dq, float* dk, int64_t ld_dk, float* dv, int64_t ld_dv,
+                              float* dmask, float* dweights);
+}  // namespace avx2
 
 }  // namespace attnlab::cpu

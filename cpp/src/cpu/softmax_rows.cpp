@@ -95,19 +95,10 @@ ATTNLAB_AVX512 float exp_shift_sum16(float* x, int64_t n, float shift) {
 #define ATTNLAB_AVX2 __attribute__((target("avx2,fma")))
 #define ATTNLAB_AVX2_INLINE ATTNLAB_AVX2 inline __attribute__((always_inline))
 
-// Whether the float row passes run their AVX2 forms below (exp_shift_sum8, max_of8): on CPUs
-// with AVX2 and FMA but not AVX-512. GCC 12 turns the comparisons, selects and shuffles of the
-// generic 64-byte vectors into scalar code in its x86-64-v3 clones (a vmovss/vinsertps for
-// every lane), so on an AMD EPYC Zen 3 the generic online_softmax_block took more time than the
-// MKL products around it (30 % of a (8, 8, 512, 64) float32 forward against 27 %).
-bool rows_on_avx2() {
-  static const bool available = [] {
-    __builtin_cpu_init();
-    return !has_avx512_core() && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return available;
-}
-
+// The float row passes in AVX2 intrinsics, run where avx2_without_avx512() (cpu/isa.h): on an
+// AMD EPYC Zen 3 the generic online_softmax_block took more time than the MKL products around
+// it (30 % of a (8, 8, 512, 64) float32 forward against 27 %).
+//
 // exp_nonpositive (vec_math.h) over 8 lanes, the same formula step by step: x clamped below
 // at -100 (NaN kept), x = n·ln2 + r, Cephes' degree-7 polynomial, 2^n from the exponent bits.
 // Lanes below −87 are 0, as exp_shifted16 gives them (no subnormals); NaN stays NaN.
@@ -326,7 +317,7 @@ template <typename T>
 ATTNLAB_INLINE T max_of(T* x, int64_t n) {
 #ifdef ATTNLAB_HAVE_AVX512_EXP
   if constexpr (std::is_same_v<T, float>) {
-    if (rows_on_avx2()) return max_of8(x, n);
+    if (avx2_without_avx512()) return max_of8(x, n);
   }
 #endif
   Vec<T> lanes = {};
@@ -348,7 +339,7 @@ ATTNLAB_INLINE T exp_shift_sum(T* x, int64_t n, T shift) {
 #ifdef ATTNLAB_HAVE_AVX512_EXP
   if constexpr (Avx512) return exp_shift_sum16(x, n, shift);
   if constexpr (std::is_same_v<T, float>) {
-    if (rows_on_avx2()) return exp_shift_sum8(x, n, shift);
+    if (avx2_without_avx512()) return exp_shift_sum8(x, n, shift);
   }
 #endif
   T lane_sums[kChunk<T>] = {};

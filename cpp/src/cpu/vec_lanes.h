@@ -48,14 +48,14 @@ ATTNLAB_INLINE T reduce_lanes(Vec<T> a, Op op) {
 // operations so that they compile to vector instructions whatever the optimiser does with a
 // loop over the lanes. The float versions are the scalar ones' formulas, lane by lane; the
 // double ones call the scalar functions per lane.
-typedef int32_t Int32x16 __attribute__((vector_size(64)));
+typedef int32_t Int32Vec __attribute__((vector_size(ATTNLAB_VECTOR_BYTES)));
 
 ATTNLAB_INLINE Vec<float> exp_nonpositive_vec(Vec<float> x) {
   const Vec<float> xc = x < -100.0f ? -100.0f : x;  // NaN passes through, as std::max
   constexpr int32_t kRoundBits = 0x4B400000;  // see exp_nonpositive
   Vec<float> shifted;
   const Vec<float> y = exp_reduced(xc, shifted);
-  Int32x16 bits = reinterpret_cast<Int32x16>(shifted) - (kRoundBits - 127);
+  Int32Vec bits = reinterpret_cast<Int32Vec>(shifted) - (kRoundBits - 127);
   bits = bits > 0 ? bits : 0;
   return y * reinterpret_cast<Vec<float>>(bits << 23);
 }
@@ -65,9 +65,9 @@ ATTNLAB_INLINE Vec<double> exp_nonpositive_vec(Vec<double> x) {
 }
 
 ATTNLAB_INLINE Vec<float> log_positive_vec(Vec<float> x) {
-  const Int32x16 bits = reinterpret_cast<Int32x16>(x);
+  const Int32Vec bits = reinterpret_cast<Int32Vec>(x);
   Vec<float> m = reinterpret_cast<Vec<float>>((bits & 0x007fffff) | 0x3f800000);  // in [1, 2)
-  const Int32x16 upper = m > 1.41421356237f;  // −1 where true
+  const Int32Vec upper = m > 1.41421356237f;  // −1 where true
   m = upper ? 0.5f * m : m;
   const Vec<float> e = __builtin_convertvector((bits >> 23) - 127 - upper, Vec<float>);
   const Vec<float> y = log_from_parts(m, e);
@@ -167,11 +167,12 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
 
 // One pass of small_key_sums below: keys j0 .. j0 + KJ (the first `keys` stored) over the
 // value vectors c .. c + NC, KJ·NC accumulators in registers. coeff(i, j) = coeff[i·SI + j·SJ]
-// (constant strides: one base register addresses every key's coefficient). The loops over the
+// (constant strides: one base register addresses every key's coefficient), j < NJ (the keys of
+// a pass past the last read key j mod NJ: finite values that are not stored). The loops over the
 // constant KJ and NC are unrolled by pragma: left to GCC, the guarded store loop kept the
 // accumulators in a stack array, zeroed before and spilled after the row loop, and a pass at
 // (16 rows, 16 keys, 32 features) took 680 cycles for its 512 multiply-adds instead of 565.
-template <typename T, int64_t SI, int64_t SJ, int KJ, int NC>
+template <typename T, int64_t SI, int64_t SJ, int64_t NJ, int KJ, int NC>
 ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
                                         int64_t c, T factor, T* dst, int64_t ld_dst) {
@@ -188,7 +189,7 @@ ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j
       row[u] = load_part(x + i * ldx + (c + u) * L, n[u]);
     }
     ATTNLAB_UNROLL for (int t = 0; t < KJ; ++t) {
-      const T w = coeff[i * SI + ((j0 + t) % L) * SJ];
+      const T w = coeff[i * SI + ((j0 + t) % NJ) * SJ];
       ATTNLAB_UNROLL for (int u = 0; u < NC; ++u) acc[t][u] += w * row[u];
     }
   }
@@ -200,7 +201,7 @@ ATTNLAB_INLINE void small_key_sums_pass(const T* coeff, int64_t len_q, int64_t j
   }
 }
 
-template <typename T, int64_t SI, int64_t SJ, int KJ>
+template <typename T, int64_t SI, int64_t SJ, int64_t NJ, int KJ>
 ATTNLAB_INLINE void small_key_sums_keys(const T* coeff, int64_t len_q, int64_t j0,
                                         int64_t keys, const T* x, int64_t ldx, int64_t dim,
                                         T factor, T* dst, int64_t ld_dst) {
@@ -208,30 +209,35 @@ ATTNLAB_INLINE void small_key_sums_keys(const T* coeff, int64_t len_q, int64_t j
   const int64_t vectors = (dim + L - 1) / L;
   int64_t c = 0;
   for (; c + 2 <= vectors; c += 2) {
-    small_key_sums_pass<T, SI, SJ, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst,
+    small_key_sums_pass<T, SI, SJ, NJ, KJ, 2>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst,
                                                   ld_dst);
   }
   if (c < vectors) {
-    small_key_sums_pass<T, SI, SJ, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst,
+    small_key_sums_pass<T, SI, SJ, NJ, KJ, 1>(coeff, len_q, j0, keys, x, ldx, dim, c, factor, dst,
                                                   ld_dst);
   }
 }
 
-// dst_j = factor·Σ_i coeff(i, j)·x_i for the keys j < len_k (rows of `dim` values, ld `ldx`;
-// dst's rows ld_dst apart):
+// dst_j = factor·Σ_i coeff(i, j)·x_i for the keys j < len_k <= NJ (rows of `dim` values, ld
+// `ldx`; dst's rows ld_dst apart):
 // the small backwards' dK (coeff = dS, x = Q) and dV (coeff = P, x = dO). Eight keys (four for
 // a last group of at most four) and two vectors of x at a time, accumulated in registers over
-// the len_q rows, so each row vector loaded serves eight keys.
-template <typename T, int64_t SI = kLanes<T>, int64_t SJ = 1>
+// the len_q rows, so each row vector loaded serves eight keys. With 32-byte vectors (16 ymm
+// registers) four keys at a time: eight keys' 16 accumulators and the two row vectors would
+// not fit.
+template <typename T, int64_t SI = kLanes<T>, int64_t SJ = 1, int64_t NJ = kLanes<T>>
 ATTNLAB_INLINE void small_key_sums(const T* coeff, int64_t len_q, int64_t len_k,
                                    const T* x, int64_t ldx, int64_t dim, T factor, T* dst,
                                    int64_t ld_dst) {
-  for (int64_t j0 = 0; j0 < len_k; j0 += 8) {
-    const int64_t keys = std::min<int64_t>(8, len_k - j0);
-    if (keys > 4) {
-      small_key_sums_keys<T, SI, SJ, 8>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst, ld_dst);
+  constexpr int64_t kKeys = ATTNLAB_VECTOR_BYTES == 64 ? 8 : 4;
+  for (int64_t j0 = 0; j0 < len_k; j0 += kKeys) {
+    const int64_t keys = std::min<int64_t>(kKeys, len_k - j0);
+    if (kKeys == 8 && keys > 4) {
+      small_key_sums_keys<T, SI, SJ, NJ, kKeys>(coeff, len_q, j0, keys, x, ldx, dim, factor,
+                                                dst, ld_dst);
     } else {
-      small_key_sums_keys<T, SI, SJ, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst, ld_dst);
+      small_key_sums_keys<T, SI, SJ, NJ, 4>(coeff, len_q, j0, keys, x, ldx, dim, factor, dst,
+                                            ld_dst);
     }
   }
 }

@@ -12,6 +12,7 @@
 
 #include "cpu/bf16_gemm.h"
 #include "cpu/f32_gemm.h"
+#include "cpu/isa.h"
 
 namespace attnlab {
 
@@ -35,6 +36,11 @@ std::string cpu_bf16_products() {
 }
 
 std::string cpu_float32_products() { return cpu::f32_gemm_available() ? "avx512" : "blas"; }
+
+std::string cpu_vector_kernels() {
+  if (cpu::has_avx512_core()) return "avx512";
+  return cpu::avx2_without_avx512() ? "avx2" : "generic";
+}
 
 double cpu_bf16_product_speedup() { return cpu::bf16_product_speedup(); }
 

@@ -31,6 +31,7 @@ PYBIND11_MODULE(_C, m) {
     d["cpu_bf16_products"] = attnlab::cpu_bf16_products();
     d["cpu_bf16_product_speedup"] = attnlab::cpu_bf16_product_speedup();
     d["cpu_float32_products"] = attnlab::cpu_float32_products();
+    d["cpu_vector_kernels"] = attnlab::cpu_vector_kernels();
     return d;
   });
   m.def("_float32_fma_peak", [](double seconds) {

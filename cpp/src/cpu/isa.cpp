@@ -1,0 +1,21 @@
+#include "cpu/isa.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+
+namespace attnlab::cpu {
+
+bool cpu_isa_capped_at_avx2() {
+  static const bool capped = [] {
+    const char* value = std::getenv("ATTNLAB_CPU_ISA");
+    if (value == nullptr || *value == '\0' || std::strcmp(value, "native") == 0) return false;
+    if (std::strcmp(value, "avx2") == 0) return true;
+    std::cerr << "attnlab: ATTNLAB_CPU_ISA=" << value
+              << " is not understood (expected avx2 or native); ignored\n";
+    return false;
+  }();
+  return capped;
+}
+
+}  // namespace attnlab::cpu

@@ -1,6 +1,7 @@
 import torch
 
 import attnlab
+import cpuinfo
 
 
 def test_build_info_names_the_torch_it_was_built_against():
@@ -21,17 +22,17 @@ def test_kernels_share_torchs_openmp_threads():
     assert attnlab.build_info()["openmp"] == uses_openmp
 
 
-def test_float32_products_named_by_what_the_cpu_has():
-    # attnlab's own float32 GEMM needs AVX-512 F, BW, VL and DQ (read here from /proc/cpuinfo,
-    # which the library does not use: it asks the CPU itself).
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f
-                          if line.startswith("flags")), None)
-    except OSError:
-        flags = None
-    route = attnlab.build_info()["cpu_float32_products"]
+def test_float32_products_and_vector_kernels_named_by_what_the_cpu_has():
+    # attnlab's own float32 GEMM and the AVX-512 kernels need AVX-512 F, BW, VL and DQ; the AVX2
+    # kernels AVX2 and FMA (read here from /proc/cpuinfo, without the AVX-512 flags under
+    # ATTNLAB_CPU_ISA=avx2, which the library does not use: it asks the CPU itself).
+    flags = cpuinfo.cpu_flags()
+    info = attnlab.build_info()
+    route, kernels = info["cpu_float32_products"], info["cpu_vector_kernels"]
     assert route in ("avx512", "blas")
-    if flags is not None:
+    assert kernels in ("avx512", "avx2", "generic")
+    if flags:
         has = all(f in flags for f in ("avx512f", "avx512bw", "avx512vl", "avx512dq"))
         assert route == ("avx512" if has else "blas")
+        expected = "avx512" if has else "avx2" if {"avx2", "fma"} <= set(flags) else "generic"
+        assert kernels == expected

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 # bfloat16 and float16 (widened to float32 where the CPU lacks AVX512-BF16).
 CAPPED_FILES = ["test_small_attention_path.py", "test_attention.py",
                 "test_attention_autograd.py", "test_numerical_edge_cases.py",
-                "test_reduced_precision_cpu.py"]
+                "test_reduced_precision_cpu.py", "test_build_info.py"]
 
 needs_avx2 = pytest.mark.skipif(not {"avx2", "fma"} <= set(cpuinfo.cpu_flags()),
                                 reason="the CPU has no AVX2 and FMA")

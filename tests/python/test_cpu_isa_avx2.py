@@ -27,9 +27,10 @@ needs_avx2 = pytest.mark.skipif(not {"avx2", "fma"} <= set(cpuinfo.cpu_flags()),
                                 reason="the CPU has no AVX2 and FMA")
 
 
-def _capped(code_or_args, **kwargs):
-    env = dict(os.environ, ATTNLAB_CPU_ISA="avx2")
-    return subprocess.run([sys.executable, *code_or_args], env=env, cwd=HERE,
+def _capped(args, cap="avx2", **kwargs):
+    """python3 with these arguments in a child process under ATTNLAB_CPU_ISA=cap."""
+    env = dict(os.environ, ATTNLAB_CPU_ISA=cap)
+    return subprocess.run([sys.executable, *args], env=env, cwd=HERE,
                           capture_output=True, text=True, **kwargs)
 
 
@@ -42,10 +43,8 @@ def test_the_cap_selects_the_avx2_kernels():
 
 
 def test_an_unknown_cap_is_named_and_ignored():
-    env = dict(os.environ, ATTNLAB_CPU_ISA="avx9")
-    result = subprocess.run([sys.executable, "-c", "import attnlab; "
-                             "print(attnlab.build_info()['cpu_vector_kernels'])"],
-                            env=env, capture_output=True, text=True)
+    result = _capped(["-c", "import attnlab; print(attnlab.build_info()['cpu_vector_kernels'])"],
+                     cap="avx9")
     assert result.returncode == 0, result.stderr
     assert "ATTNLAB_CPU_ISA=avx9" in result.stderr and "expected avx2 or native" in result.stderr
     assert result.stdout.strip() == attnlab.build_info()["cpu_vector_kernels"]

@@ -8,9 +8,12 @@
 // The same without the x86-64-v3 (AVX2) clone, for functions whose AVX2 CPUs take their own
 // code (a 32-byte-vector copy chosen by avx2_without_avx512() below).
 #define ATTNLAB_AVX512_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
+// A function compiled for AVX2 and FMA, called only where the CPU has them.
+#define ATTNLAB_AVX2_TARGET __attribute__((target("avx2,fma")))
 #else
 #define ATTNLAB_ISA_CLONES
 #define ATTNLAB_AVX512_CLONES
+#define ATTNLAB_AVX2_TARGET
 #endif
 #define ATTNLAB_INLINE inline __attribute__((always_inline))
 // Unrolls the loop that follows completely (its trip count a small constant), so that arrays

@@ -9,12 +9,6 @@
 
 namespace attnlab::cpu::avx2 {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define ATTNLAB_AVX2_TARGET __attribute__((target("avx2,fma")))
-#else
-#define ATTNLAB_AVX2_TARGET
-#endif
-
 ATTNLAB_SMALL_ATTENTION_FLOAT_KERNELS(ATTNLAB_AVX2_TARGET, small_attention_rows,
                                       small_attention_backward)
 

@@ -92,8 +92,7 @@ ATTNLAB_AVX512 float exp_shift_sum16(float* x, int64_t n, float shift) {
   return _mm512_reduce_add_ps(sum);
 }
 
-#define ATTNLAB_AVX2 __attribute__((target("avx2,fma")))
-#define ATTNLAB_AVX2_INLINE ATTNLAB_AVX2 inline __attribute__((always_inline))
+#define ATTNLAB_AVX2_INLINE ATTNLAB_AVX2_TARGET inline __attribute__((always_inline))
 
 // The float row passes in AVX2 intrinsics, run where avx2_without_avx512() (cpu/isa.h): on an
 // AMD EPYC Zen 3 the generic online_softmax_block took more time than the MKL products around
@@ -130,7 +129,7 @@ ATTNLAB_AVX2_INLINE float sum8(__m256 v) {
 
 // exp_shift_sum's contract on exp_nonpositive8: two running sums; a last partial vector
 // through a −inf-padded copy.
-ATTNLAB_AVX2 float exp_shift_sum8(float* x, int64_t n, float shift) {
+ATTNLAB_AVX2_TARGET float exp_shift_sum8(float* x, int64_t n, float shift) {
   const __m256 vshift = _mm256_set1_ps(shift);
   __m256 sum = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
   int64_t c = 0;
@@ -162,7 +161,7 @@ ATTNLAB_AVX2 float exp_shift_sum8(float* x, int64_t n, float shift) {
 }
 
 // The largest of x[0, n), NaN skipped (−inf for none), in four running maxima.
-ATTNLAB_AVX2 float max_of8(const float* x, int64_t n) {
+ATTNLAB_AVX2_TARGET float max_of8(const float* x, int64_t n) {
   const __m256 none = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 m = none, m1 = none, m2 = none, m3 = none;
   int64_t c = 0;

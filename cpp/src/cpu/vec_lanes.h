@@ -167,8 +167,8 @@ ATTNLAB_INLINE void row_vectors(const T* row, int64_t dim, Vec<T>* out) {
 
 // One pass of small_key_sums below: keys j0 .. j0 + KJ (the first `keys` stored) over the
 // value vectors c .. c + NC, KJ·NC accumulators in registers. coeff(i, j) = coeff[i·SI + j·SJ]
-// (constant strides: one base register addresses every key's coefficient), j < NJ (the keys of
-// a pass past the last read key j mod NJ: finite values that are not stored). The loops over the
+// (constant strides: one base register addresses every key's coefficient) for j < NJ; a pass's
+// keys past the last read the coefficients of key j mod NJ, finite values never stored. The loops over the
 // constant KJ and NC are unrolled by pragma: left to GCC, the guarded store loop kept the
 // accumulators in a stack array, zeroed before and spilled after the row loop, and a pass at
 // (16 rows, 16 keys, 32 features) took 680 cycles for its 512 multiply-adds instead of 565.
@@ -232,7 +232,7 @@ ATTNLAB_INLINE void small_key_sums(const T* coeff, int64_t len_q, int64_t len_k,
   constexpr int64_t kKeys = ATTNLAB_VECTOR_BYTES == 64 ? 8 : 4;
   for (int64_t j0 = 0; j0 < len_k; j0 += kKeys) {
     const int64_t keys = std::min<int64_t>(kKeys, len_k - j0);
-    if (kKeys == 8 && keys > 4) {
+    if (keys > 4) {
       small_key_sums_keys<T, SI, SJ, NJ, kKeys>(coeff, len_q, j0, keys, x, ldx, dim, factor,
                                                 dst, ld_dst);
     } else {

@@ -9,6 +9,9 @@ from ..functional import is_recording
 from .multihead import MultiheadAttention, _heads_mask, load_torch_multihead_attention
 
 
+_FUSED_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
 class EncoderBlock(nn.Module):
     """``x = norm1(x + dropout(self_attn(x)))``, ``x = norm2(x + dropout(linear_net(x)))`` with
     ``linear_net`` = Linear → Dropout → ReLU → Linear. With ``norm_first=True`` (pre-norm):
@@ -57,35 +60,49 @@ class EncoderBlock(nn.Module):
         """The block applied to x ``[B, L, input_dim]``; mask as for
         :class:`MultiheadAttention`."""
         if self._fusable(x, mask):
+            attn = self.self_attn
             return torch.ops.attnlab.encoder_block(
-                x, *self._fused_parameters(), self.self_attn.num_heads,
-                _heads_mask(mask, x.shape[0], x.shape[1]), self.norm_first, self.norm1.eps,
-                self.norm2.eps)
+                x, *self._fused_parameters(), attn.num_heads,
+                _heads_mask(mask, x.shape[0], x.shape[1]), self.norm_first,
+                self._modules["norm1"].eps, self._modules["norm2"].eps)
         if self.norm_first:
             x = x + self.dropout(self.self_attn(self.norm1(x), mask=mask))
             return x + self.dropout(self.linear_net(self.norm2(x)))
         x = self.norm1(x + self.dropout(self.self_attn(x, mask=mask)))
         return self.norm2(x + self.dropout(self.linear_net(x)))
 
+    # Both below run on every fused call, whose operator takes ~20 µs at small shapes:
+    # nn.Module's attribute lookup (a Python __getattr__ per level) and Sequential's indexing
+    # made them cost 11 and 27 µs on one AMD EPYC (Zen 5) core, so they read the modules' and
+    # parameters' dicts directly: 1.4 and 1.6 µs, and the reversal-shape layer's forward+backward
+    # 1.06-1.08x faster (in-process A/B, 20 rounds).
+
     def _fusable(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
         """Whether the fused operator computes this forward: softmax attention, on the CPU in
         float32, float64, float16 or bfloat16 (the last two computed in float32 and rounded once
         at the end), with dropout inactive, no mask that wants a gradient, and no attention
         recorder active (the fused operator computes attention internally)."""
-        dropout_active = self.training and (self.dropout.p > 0 or self.linear_net[1].p > 0)
-        return (self.self_attn.normalizer == "softmax"
-                and x.device.type == "cpu" and x.dim() == 3
-                and x.dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-                and x.shape[-1] == self.self_attn.input_dim
-                and x.dtype == self.self_attn.qkv_proj.weight.dtype
-                and not dropout_active and (mask is None or not mask.requires_grad)
-                and not is_recording())
+        modules = self._modules
+        attn = modules["self_attn"]
+        if (not x.is_cpu or x.dim() != 3 or x.dtype not in _FUSED_DTYPES
+                or attn.normalizer != "softmax" or x.shape[-1] != attn.input_dim
+                or x.dtype != attn._modules["qkv_proj"]._parameters["weight"].dtype
+                or (mask is not None and mask.requires_grad) or is_recording()):
+            return False
+        if self.training:
+            ff_dropout = next(m for m in modules["linear_net"] if isinstance(m, nn.Dropout))
+            return modules["dropout"].p == 0 and ff_dropout.p == 0
+        return True
 
     def _fused_parameters(self):
-        attn, ff = self.self_attn, self.linear_net
-        return (attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias,
-                self.norm1.weight, self.norm1.bias, ff[0].weight, ff[0].bias, ff[3].weight,
-                ff[3].bias, self.norm2.weight, self.norm2.bias)
+        """The fused operator's twelve parameters, in its order."""
+        modules = self._modules
+        attn = modules["self_attn"]._modules
+        linears = [m for m in modules["linear_net"] if isinstance(m, nn.Linear)]
+        return tuple(m._parameters[name]
+                     for m in (attn["qkv_proj"], attn["o_proj"], modules["norm1"], linears[0],
+                               linears[1], modules["norm2"])
+                     for name in ("weight", "bias"))
 
     @classmethod
     def from_torch(cls, layer: nn.TransformerEncoderLayer) -> "EncoderBlock":

@@ -28,7 +28,10 @@ def build_info() -> dict:
     ``"avx512"`` where float32 products run in attnlab's own AVX-512 GEMM (the fused encoder
     block's results are then bitwise the same for every thread count), else ``"blas"``, and
     ``cpu_vector_kernels``: the code the small-shape kernels and the softmax's row passes run
-    (``"avx512"``, ``"avx2"`` on CPUs with AVX2 and FMA but no AVX-512, or ``"generic"``).
+    (``"avx512"``, ``"avx2"`` on CPUs with AVX2 and FMA but no AVX-512, or ``"generic"``), and
+    ``cpu_clone_targets``: the instruction sets its multi-versioned kernels were compiled for
+    (``"x86-64-v4,x86-64-v3,default"``; ``"x86-64-v3,default"`` in the AVX2-only build of
+    ``tests/avx2_only_build.sh``, which runs as an AVX2-only CPU would).
     ``ATTNLAB_CPU_ISA=avx2`` in the environment before the import makes attnlab choose its
     kernels as on an AVX2 CPU (``"avx2"``, ``"blas"``, bfloat16 products widened), to test or
     time those paths on an AVX-512 machine."""

@@ -558,11 +558,13 @@ TEST(F32Gemm, BetaZeroIgnoresInfAndNaNInC) {
 }
 
 TEST(F32Gemm, ReportsWhetherTheKernelRuns) {
-  // On x86-64 with AVX-512 F/BW/VL/DQ the kernel must be chosen; elsewhere the BLAS fallback.
+  // On x86-64 with AVX-512 F/BW/VL/DQ the kernel must be chosen; elsewhere, under
+  // ATTNLAB_CPU_ISA=avx2 and in the AVX2-only build, the BLAS fallback.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
   const bool expected = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                        !attnlab::cpu::cpu_isa_capped_at_avx2();
 #else
   const bool expected = false;
 #endif

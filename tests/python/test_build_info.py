@@ -36,3 +36,17 @@ def test_float32_products_and_vector_kernels_named_by_what_the_cpu_has():
         assert route == ("avx512" if has else "blas")
         expected = "avx512" if has else "avx2" if {"avx2", "fma"} <= set(flags) else "generic"
         assert kernels == expected
+
+
+def test_clone_targets_name_the_build():
+    # The package's kernels are cloned for AVX-512, AVX2 and baseline x86-64; the AVX2-only build
+    # (tests/avx2_only_build.sh) has no AVX-512 clone and never chooses AVX-512 kernels.
+    info = attnlab.build_info()
+    targets = info["cpu_clone_targets"]
+    if not targets:  # not x86-64 with GCC: nothing is cloned
+        assert info["cpu_vector_kernels"] == "generic"
+    elif targets == "x86-64-v3,default":
+        assert info["cpu_vector_kernels"] in ("avx2", "generic")
+        assert info["cpu_float32_products"] == "blas"
+    else:
+        assert targets == "x86-64-v4,x86-64-v3,default"

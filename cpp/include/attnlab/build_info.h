@@ -31,6 +31,12 @@ std::string cpu_float32_products();
 // which also sends float32 products to the BLAS) or "generic".
 std::string cpu_vector_kernels();
 
+// The instruction sets the library's multi-versioned kernels were compiled for, picked among
+// at load time: "x86-64-v4,x86-64-v3,default", or "x86-64-v3,default" in a build with the CMake
+// option ATTNLAB_CPU_AVX2_ONLY (as an AVX2-only CPU runs it; cpu_vector_kernels() is then
+// "avx2" or "generic"); empty off x86-64 or GCC.
+std::string cpu_clone_targets();
+
 // The multiply-add rate of vdpbf16ps over that of float32 FMAs on this CPU, measured once by a
 // register-only probe (0 without AVX512-BF16): about 2 on an AMD Zen 4, 0.5 on an Intel Xeon
 // (Emerald Rapids).

@@ -7,6 +7,9 @@
 namespace attnlab::cpu {
 
 bool cpu_isa_capped_at_avx2() {
+#ifdef ATTNLAB_CPU_AVX2_ONLY
+  return true;  // built as an AVX2-only CPU runs (cpu/isa.h)
+#else
   static const bool capped = [] {
     const char* value = std::getenv("ATTNLAB_CPU_ISA");
     if (value == nullptr || *value == '\0' || std::strcmp(value, "native") == 0) return false;
@@ -16,6 +19,7 @@ bool cpu_isa_capped_at_avx2() {
     return false;
   }();
   return capped;
+#endif
 }
 
 }  // namespace attnlab::cpu

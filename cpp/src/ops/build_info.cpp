@@ -42,6 +42,8 @@ std::string cpu_vector_kernels() {
   return cpu::avx2_without_avx512() ? "avx2" : "generic";
 }
 
+std::string cpu_clone_targets() { return ATTNLAB_CPU_CLONE_TARGETS; }
+
 double cpu_bf16_product_speedup() { return cpu::bf16_product_speedup(); }
 
 namespace {

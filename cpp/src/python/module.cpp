@@ -32,6 +32,7 @@ PYBIND11_MODULE(_C, m) {
     d["cpu_bf16_product_speedup"] = attnlab::cpu_bf16_product_speedup();
     d["cpu_float32_products"] = attnlab::cpu_float32_products();
     d["cpu_vector_kernels"] = attnlab::cpu_vector_kernels();
+    d["cpu_clone_targets"] = attnlab::cpu_clone_targets();
     return d;
   });
   m.def("_float32_fma_peak", [](double seconds) {

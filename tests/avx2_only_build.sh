@@ -25,7 +25,9 @@ mkdir -p "$site"
 cp -r python/attnlab "$site/"
 cp "$build"/_C*.so "$build/libattnlab.so" "$build/_build.py" "$site/attnlab/"
 # ATTNLAB_CPU_ISA=avx2 as well, for the tests' own view of the CPU (tests/python/cpuinfo.py).
-export PYTHONPATH="$root/$site${PYTHONPATH:+:$PYTHONPATH}" ATTNLAB_CPU_ISA=avx2
+# LD_LIBRARY_PATH: the extension module would otherwise find its library through RUNPATH.
+export PYTHONPATH="$root/$site${PYTHONPATH:+:$PYTHONPATH}" ATTNLAB_CPU_ISA=avx2 \
+       LD_LIBRARY_PATH="$root/$site/attnlab${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 "$python" - <<'PY'
 import attnlab
 info = attnlab.build_info()

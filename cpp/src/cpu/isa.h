@@ -7,18 +7,19 @@
 // runs it: no x86-64-v4 clones, and cpu_isa_capped_at_avx2() always true, so that an AVX-512
 // machine tests and measures the very code (x86-64-v3 clones included) that Zen 3 or Haswell
 // class CPUs get. A separate build for developers (docs/development.md), never the package.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(ATTNLAB_CPU_AVX2_ONLY)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#ifdef ATTNLAB_CPU_AVX2_ONLY
 #define ATTNLAB_ISA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define ATTNLAB_AVX512_CLONES
-#define ATTNLAB_AVX2_TARGET __attribute__((target("avx2,fma")))
 #define ATTNLAB_CPU_CLONE_TARGETS "x86-64-v3,default"
-#elif defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#else
 #define ATTNLAB_ISA_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 // The same without the x86-64-v3 (AVX2) clone, for functions whose AVX2 CPUs take their own
 // code (a 32-byte-vector copy chosen by avx2_without_avx512() below).
 #define ATTNLAB_AVX512_CLONES __attribute__((target_clones("arch=x86-64-v4", "default")))
 #define ATTNLAB_CPU_CLONE_TARGETS "x86-64-v4,x86-64-v3,default"
+#endif
 // A function compiled for AVX2 and FMA, called only where the CPU has them.
 #define ATTNLAB_AVX2_TARGET __attribute__((target("avx2,fma")))
 #else

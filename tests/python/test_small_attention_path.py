@@ -1,7 +1,8 @@
 """The register-resident CPU path taken when every key fits one vector (L_k <= 16 in float32,
 8 in float64): query counts that split into whole and partial groups of 16 rows (one per
-lane), key counts below, at and above the key passes' split (passes of eight keys, four for a
-short last one), head sizes that are not multiples of the vector width, causal masks with
+lane), key counts below, at and above the key passes' splits (passes of eight keys, four for a
+short last one; with AVX2, passes of six up to 12 keys, and two groups' scores at once above),
+head sizes that are not multiples of the vector width, causal masks with
 L_q != L_k and fully masked rows in each group, forward, weights and gradients against the
 float64 reference. Head sizes 32 and 64 (equal for queries and values) run their own compiled
 copies of the kernels, so they are checked next to sizes that take the general one."""
@@ -14,7 +15,7 @@ import attnlab
 import reference
 
 LEN_Q = [1, 3, 4, 5, 8, 9, 10, 12, 13, 16, 17, 20, 33]
-LEN_K = [1, 2, 4, 5, 8, 9, 10, 12, 16]
+LEN_K = [1, 2, 4, 5, 8, 9, 10, 11, 12, 13, 15, 16]
 DIMS = [(1, 1), (7, 16), (16, 17), (32, 32), (33, 48), (64, 64)]
 
 

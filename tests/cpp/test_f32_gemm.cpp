@@ -250,6 +250,87 @@ TEST(F32Gemm, PackedRowMaxIsTheMaxOfEachRowsVisibleColumns) {
                c10::Error);
 }
 
+// skip_hidden: every visible element of C and every row max as without it (bitwise), and the
+// elements past what each block of 8 rows sees never written (they keep a sentinel); whole
+// panels skipped in the causal-style cases that allow it.
+TEST(F32Gemm, PackedSkipHiddenWritesEveryVisibleScoreAndOnlyThose) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_packed needs AVX-512";
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal;
+  int cases = 0, wrong = 0, written_beyond = 0, skipped = 0;
+  for (const int64_t m : {1, 8, 19, 64}) {
+    for (const int64_t n : {16, 33, 64, 100, 512}) {
+      for (const int64_t k : {24, 64}) {
+        for (const int64_t visible : {int64_t(-9), int64_t(1), int64_t(17), int64_t(64)}) {
+          std::vector<float> a(m * k), b(n * k), packed(attnlab::cpu::f32_packed_size(n, k));
+          for (float& x : a) x = normal(rng);
+          for (float& x : b) x = normal(rng);
+          attnlab::cpu::f32_pack_b(true, n, k, b.data(), k, packed.data());
+          std::vector<float> c(m * n, kSentinel), full(m * n), max_c(m), max_full(m);
+          attnlab::cpu::f32_gemm_packed(false, m, n, k, 0.25f, a.data(), k, packed.data(), n, k,
+                                        0, 0.0f, c.data(), n, max_c.data(), visible, true);
+          attnlab::cpu::f32_gemm_packed(false, m, n, k, 0.25f, a.data(), k, packed.data(), n, k,
+                                        0, 0.0f, full.data(), n, max_full.data(), visible);
+          for (int64_t i = 0; i < m; ++i) {
+            const int64_t seen = std::clamp<int64_t>(visible + i, 0, n);
+            // The block's last row sees this many; its panels (32 columns) are computed.
+            const int64_t last = std::min<int64_t>(i / 8 * 8 + 7, m - 1);
+            const int64_t block_cols =
+                std::min<int64_t>((std::clamp<int64_t>(visible + last, 0, n) + 31) / 32 * 32, n);
+            for (int64_t j = 0; j < n; ++j) {
+              const float x = c[i * n + j];
+              if (j < seen) wrong += std::memcmp(&x, &full[i * n + j], sizeof(float)) != 0;
+              if (j >= block_cols) {
+                written_beyond += x != kSentinel;
+                skipped += x == kSentinel;
+              }
+            }
+            wrong += std::memcmp(&max_c[i], &max_full[i], sizeof(float)) != 0;
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "visible elements or maxima over " << cases << " cases";
+  EXPECT_EQ(written_beyond, 0);
+  EXPECT_GT(skipped, 0);
+}
+
+// nonzero_k: with op(A)'s row i zero from column nonzero_k + i on, the rows product gives what
+// it gives over the whole sum (0·b adds nothing for finite b), across the 64-column blocks and
+// their narrower tail, chunks of the sum, row-block tails and beta.
+TEST(F32Gemm, RowsProductSkipsOnlyZeroTerms) {
+  if (!f32_gemm_available()) GTEST_SKIP() << "f32_gemm_rows needs AVX-512";
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal;
+  int cases = 0, wrong = 0;
+  for (const int64_t m : {1, 6, 17, 64}) {
+    for (const int64_t n : {16, 64, 96, 160}) {
+      for (const int64_t k : {5, 64, 300}) {
+        for (const int64_t nonzero_k : {int64_t(1), int64_t(40), int64_t(130)}) {
+          for (const float beta : {0.0f, 1.0f}) {
+            std::vector<float> a(m * k), b(k * n);
+            for (int64_t i = 0; i < m; ++i) {
+              for (int64_t p = 0; p < k; ++p) a[i * k + p] = p < nonzero_k + i ? normal(rng) : 0.0f;
+            }
+            for (float& x : b) x = normal(rng);
+            std::vector<float> c(m * n), full(m * n);
+            for (int64_t i = 0; i < m * n; ++i) c[i] = full[i] = beta == 0.0f ? kNaN : normal(rng);
+            attnlab::cpu::f32_gemm_rows(false, m, n, k, 1.0f, a.data(), k, b.data(), n, beta,
+                                        c.data(), n, nonzero_k);
+            attnlab::cpu::f32_gemm_rows(false, m, n, k, 1.0f, a.data(), k, b.data(), n, beta,
+                                        full.data(), n);
+            for (int64_t i = 0; i < m * n; ++i) wrong += !(c[i] == full[i]);
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "elements over " << cases << " cases";
+}
+
 // Rows queued for prefetch (f32_prefetch_rows) are only hints: the products with row_max that
 // issue them give the same bits as without a queue, whatever the regions (ragged, misaligned,
 // strided, more than the queue holds, empty, or replaced by a null region).

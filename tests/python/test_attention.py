@@ -165,6 +165,30 @@ def test_long_sequences_without_weights(len_q, len_k, is_causal, mask_kind):
         torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("dim_qk,dim_v", [(24, 32), (64, 64), (40, 48)])
+@pytest.mark.parametrize("len_q,len_k", [(517, 517), (700, 1100), (1100, 700), (300, 129),
+                                         (2050, 1030)])
+def test_long_causal_sequences_with_values_read_in_place(len_q, len_k, dim_qk, dim_v):
+    """The causal forward where V's rows are read in place (dim_v a multiple of 16): a key
+    block the mask cuts runs as one product each way, whose blocks of rows skip the score
+    panels and the P·V steps hidden from all of their rows (the skipped scores are never
+    written, so every visible one must still be), across query blocks, key blocks and
+    lengths that are not multiples of the panels."""
+    gen = torch.Generator().manual_seed(len_q * 13 + len_k + dim_v)
+    q, k = (torch.randn(2, 2, n, dim_qk, generator=gen) for n in (len_q, len_k))
+    v = torch.randn(2, 2, len_k, dim_v, generator=gen)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    output, _ = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_output, _ = reference.attention(*ref_inputs, None, True)
+    torch.testing.assert_close(output.double(), ref_output, rtol=1e-5, atol=1e-5)
+    grad_output = torch.randn(output.shape, generator=gen)
+    grads = torch.autograd.grad(output, (q, k, v), grad_output)
+    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
+    for name, grad, ref in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_fully_masked_rows_give_zeros_and_zero_gradients():
     q = torch.randn(2, 4, 8, requires_grad=True)
     k = torch.randn(2, 5, 8, requires_grad=True)

@@ -396,13 +396,15 @@ template <int Rows>
 ATTNLAB_F32 __attribute__((noinline)) void rows_with_max(
     int64_t n, int64_t k, const float* a, int64_t a_row, int64_t a_col, const float* packed,
     int64_t panel_stride, int64_t packed_n, int64_t row0, float alpha, float* c, int64_t ldc,
-    float* row_max, int64_t visible) {
+    float* row_max, int64_t visible, bool skip_hidden) {
   constexpr int64_t kCols = kVecs * kL;
   static_assert(kVecs == 2);
   __m512 max[Rows];
   for (int r = 0; r < Rows; ++r) max[r] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   PrefetchLines pf = prefetch_lines;
-  for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+  // With skip_hidden, only the columns that the block's last row sees.
+  const int64_t cols = skip_hidden ? std::clamp<int64_t>(visible + Rows - 1, 0, n) : n;
+  for (int64_t j0 = 0; j0 < cols; j0 += kCols) {
     const int64_t ldb = round_up(std::min(kCols, packed_n - j0), kL);
     const float* b = packed + (j0 / kCols) * panel_stride + row0 * ldb;
     const int64_t width = std::min(kCols, n - j0);
@@ -485,7 +487,7 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
                                         const float* packed, int64_t packed_n,
                                         int64_t panel_stride, int64_t row0, float beta,
                                         float* c, int64_t ldc, float* row_max,
-                                        int64_t visible) {
+                                        int64_t visible, bool skip_hidden) {
   constexpr int64_t kCols = kVecs * kL;
   const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1, a_block = kRows * a_row;
   // (beta 0: f32_gemm_packed checks.) Sums longer than a chunk run the plain product, whose
@@ -499,7 +501,7 @@ ATTNLAB_F32 void f32_gemm_packed_avx512(bool trans_a, int64_t m, int64_t n, int6
 #define ATTNLAB_ROWS_WITH_MAX(R)                                                          \
   case R:                                                                                 \
     rows_with_max<R>(n, k, ai, a_row, a_col, packed, panel_stride, packed_n, row0, alpha, \
-                     ci, ldc, row_max + i0, vis);                                         \
+                     ci, ldc, row_max + i0, vis, skip_hidden);                            \
     break;
         ATTNLAB_ROWS_WITH_MAX(8) ATTNLAB_ROWS_WITH_MAX(7) ATTNLAB_ROWS_WITH_MAX(6)
         ATTNLAB_ROWS_WITH_MAX(5) ATTNLAB_ROWS_WITH_MAX(4) ATTNLAB_ROWS_WITH_MAX(3)
@@ -561,7 +563,8 @@ ATTNLAB_F32 __attribute__((noinline)) void wide_block(int64_t k, const float* a,
 // flush at 1.12-1.19×).
 ATTNLAB_F32 void f32_gemm_rows_avx512(bool trans_a, int64_t m, int64_t n, int64_t k,
                                       float alpha, const float* a, int64_t lda, const float* b,
-                                      int64_t ldb, float beta, float* c, int64_t ldc) {
+                                      int64_t ldb, float beta, float* c, int64_t ldc,
+                                      int64_t nonzero_k) {
   // op(A)[r, p] = a[r·a_row + p·a_col]
   const int64_t a_row = trans_a ? 1 : lda, a_col = trans_a ? lda : 1;
   int64_t j0 = 0;
@@ -572,15 +575,27 @@ ATTNLAB_F32 void f32_gemm_rows_avx512(bool trans_a, int64_t m, int64_t n, int64_
       const float* bp = b + p0 * ldb + j0;
       const float* ai = a + p0 * a_col;
       float* ci = c + j0;
+      // The steps of this chunk that a block of `rows` rows from i0 needs (nonzero_k): none
+      // past the chunk's start means nothing to add, except that the first chunk still
+      // writes beta·C.
+      const auto block_steps = [&](int64_t i0, int64_t rows) {
+        return std::clamp<int64_t>(nonzero_k + i0 + rows - 1 - p0, 0, steps);
+      };
       int64_t i0 = 0;
       for (; i0 + kWideRows <= m; i0 += kWideRows, ai += kWideRows * a_row, ci += kWideRows * ldc) {
-        wide_block<kWideRows>(steps, ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, ldc);
+        const int64_t s = block_steps(i0, kWideRows);
+        if (s > 0 || p0 == 0) {
+          wide_block<kWideRows>(s, ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, ldc);
+        }
       }
       static_assert(kWideRows == 6);
       switch (m - i0) {
-#define ATTNLAB_WIDE_TAIL(R)                                                               \
-  case R:                                                                                  \
-    wide_block<R>(steps, ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, ldc); \
+#define ATTNLAB_WIDE_TAIL(R)                                                              \
+  case R:                                                                                 \
+    if (block_steps(i0, R) > 0 || p0 == 0) {                                              \
+      wide_block<R>(block_steps(i0, R), ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, \
+                    ldc);                                                                 \
+    }                                                                                     \
     break;
         ATTNLAB_WIDE_TAIL(5) ATTNLAB_WIDE_TAIL(4) ATTNLAB_WIDE_TAIL(3) ATTNLAB_WIDE_TAIL(2)
         ATTNLAB_WIDE_TAIL(1)
@@ -785,19 +800,20 @@ void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
 }
 
 void f32_gemm_rows(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                   int64_t nonzero_k) {
   TORCH_CHECK(n % kL == 0, "f32_gemm_rows: n must be a multiple of 16, got ", n);
   if (m <= 0 || n <= 0 || k <= 0) {  // empty products as f32_gemm has them
     f32_gemm(trans_a, false, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  f32_gemm_rows_avx512(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  f32_gemm_rows_avx512(trans_a, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, nonzero_k);
 }
 
 void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
                      int64_t row0, float beta, float* c, int64_t ldc, float* row_max,
-                     int64_t visible) {
+                     int64_t visible, bool skip_hidden) {
   TORCH_CHECK(row_max == nullptr || beta == 0.0f,
               "f32_gemm_packed: row_max is for products with beta = 0, got beta ", beta);
   if (m <= 0) return;
@@ -808,7 +824,8 @@ void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha,
     return;
   }
   f32_gemm_packed_avx512(trans_a, m, n, k, alpha, a, lda, packed, packed_n,
-                         packed_k * kF32PackedPanel, row0, beta, c, ldc, row_max, visible);
+                         packed_k * kF32PackedPanel, row0, beta, c, ldc, row_max, visible,
+                         skip_hidden);
 }
 
 #else
@@ -833,12 +850,12 @@ void f32_flush_scaled_rows() {}
 void f32_pack_b(bool, int64_t, int64_t, const float*, int64_t, float*) {}
 
 void f32_gemm_rows(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                   int64_t, float, float*, int64_t) {
+                   int64_t, float, float*, int64_t, int64_t) {
   TORCH_CHECK(false, "f32_gemm_rows: needs f32_gemm_available()");
 }
 
 void f32_gemm_packed(bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
-                     int64_t, int64_t, int64_t, float, float*, int64_t, float*, int64_t) {}
+                     int64_t, int64_t, int64_t, float, float*, int64_t, float*, int64_t, bool) {}
 
 void f32_widen_rows(const uint16_t*, int64_t, int64_t, int64_t, bool, float*) {}
 

@@ -48,19 +48,28 @@ void f32_pack_b(bool trans_b, int64_t n, int64_t k, const float* b, int64_t ldb,
 // row_max (or null; only with beta = 0, checked): also receives, for each row i of C, the
 // largest of its columns [0, clamp(visible + i, 0, n)) as the product stores them (NaN skipped;
 // −inf for none), found in registers instead of by another pass over C (the attention's scores
-// and their row max).
+// and their row max). skip_hidden (with row_max and k <= 256 only; ignored otherwise): row i of
+// C is wanted only in its columns [0, visible + i), so each block of 8 rows computes only the
+// 32-column panels that its last row sees and leaves C's later columns in those rows
+// unwritten (the causal mask's scores, whose hidden part the softmax never reads).
 void f32_gemm_packed(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                      int64_t lda, const float* packed, int64_t packed_n, int64_t packed_k,
                      int64_t row0, float beta, float* c, int64_t ldc, float* row_max = nullptr,
-                     int64_t visible = std::numeric_limits<int64_t>::max() / 4);
+                     int64_t visible = std::numeric_limits<int64_t>::max() / 4,
+                     bool skip_hidden = false);
 
 // C[m×n] = alpha·op(A)·B + beta·C (f32_gemm's contract, B never transposed) with B's rows read
 // where they are, unpacked: for a B that f32_pack_b would only copy and a product reads once
 // or twice (a head's V in the forward's P·V products; dO, Q and K in the backward's dV, dK and
 // dQ). n a multiple of 16 (checked), so that no vector load passes a row's end. Only where
 // f32_gemm_available().
+// nonzero_k: row i of op(A) is zero in its columns from nonzero_k + i on (the causal mask's
+// probabilities, zeros past each row's last visible key), so in the 64-column blocks each
+// block of rows sums only the steps that its last row needs. The terms skipped are 0·B, so
+// C only differs where such a B element is infinite or NaN (0·inf is NaN).
 void f32_gemm_rows(bool trans_a, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
+                   int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                   int64_t nonzero_k = std::numeric_limits<int64_t>::max() / 4);
 
 // Zeros that this thread owes memory but nothing reads before the calling operator returns (the
 // causal weights beyond the keys a query block sees): f32_defer_zeros records them, and this

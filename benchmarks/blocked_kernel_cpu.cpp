@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -46,6 +47,17 @@ long positive_arg(int& i, int argc, char** argv, long most) {
     usage((std::string(argv[i - 1]) + " must be an integer in 1.." + std::to_string(most)).c_str());
   }
   return v;
+}
+
+// The CPU's model name as /proc/cpuinfo gives it ("unknown" elsewhere).
+std::string cpu_model() {
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      return line.substr(line.find(':') + 2);
+    }
+  }
+  return "unknown";
 }
 
 double median(std::vector<double> x) {
@@ -127,8 +139,13 @@ int main(int argc, char** argv) {
   for (long i = 0; i < len; ++i) visible_pairs += double(std::min(i + 1, len_k));
   const double flops_per_pair = 4.0 * dim * (backward ? 2.5 : 1.0) * heads;
   const double causal_t = median(causal_ms), plain_t = median(plain_ms);
-  std::printf("heads %ld, (%ld rows, %ld keys, %ld features), %s, %ld thread%s:\n", heads, len,
-              len_k, dim, backward ? "backward" : "forward", threads, threads == 1 ? "" : "s");
+  std::printf("%s (%s), heads %ld, (%ld rows, %ld keys, %ld features), %s, %ld thread%s:\n",
+              cpu_model().c_str(),
+              __builtin_cpu_supports("avx512f") ? "AVX-512"
+              : __builtin_cpu_supports("avx2")  ? "AVX2"
+                                                : "no AVX2",
+              heads, len, len_k, dim, backward ? "backward" : "forward", threads,
+              threads == 1 ? "" : "s");
   std::printf("  causal %.3f ms (%.0f GFLOP/s)  plain %.3f ms (%.0f GFLOP/s)  causal/plain %.4f\n",
               causal_t, visible_pairs * flops_per_pair / causal_t / 1e6, plain_t,
               all_pairs * flops_per_pair / plain_t / 1e6, median(ratio));

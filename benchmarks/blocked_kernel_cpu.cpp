@@ -5,6 +5,7 @@
 // Built and run by benchmarks/blocked_kernel_cpu.sh.
 //
 //   blocked_kernel_cpu [--heads N] [--len L] [--len-k LK] [--dim E] [--threads T] [--backward]
+//                      [--weights]
 //
 // Times a problem of N contiguous heads (L query rows, LK keys, E features) with the causal
 // mask and without it, alternately in one process (causal, plain, causal per round, 61 rounds
@@ -12,7 +13,9 @@
 // compute (4·L·LK·E FLOPs per head forward, 2.5× that more backward; under the causal mask only
 // the visible pairs count), and the median of the per-round ratios causal / plain. That ratio
 // moves far less than either time on a shared host: a slow spell slows both. --backward times
-// the backward (reading the forward's output and log-sum-exp) instead of the forward.
+// the backward (reading the forward's output and log-sum-exp) instead of the forward. --weights:
+// the forward also writes the normalized weights [N, L, LK], which the backward then reads
+// instead of recomputing the probabilities (as the operator does with need_weights=True).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -34,7 +37,7 @@ using Clock = std::chrono::steady_clock;
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
                "blocked_kernel_cpu: %s\nusage: blocked_kernel_cpu [--heads N] [--len L] "
-               "[--len-k LK] [--dim E] [--threads T] [--backward]\n",
+               "[--len-k LK] [--dim E] [--threads T] [--backward] [--weights]\n",
                why);
   std::exit(2);
 }
@@ -70,7 +73,7 @@ double median(std::vector<double> x) {
 int main(int argc, char** argv) {
   namespace cpu = attnlab::cpu;
   long heads = 64, len = 512, len_k = 0, dim = 64, threads = 1;
-  bool backward = false;
+  bool backward = false, with_weights = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--heads") heads = positive_arg(i, argc, argv, 1L << 16);
@@ -79,16 +82,22 @@ int main(int argc, char** argv) {
     else if (a == "--dim") dim = positive_arg(i, argc, argv, 1024);
     else if (a == "--threads") threads = positive_arg(i, argc, argv, 1024);
     else if (a == "--backward") backward = true;
+    else if (a == "--weights") with_weights = true;
     else usage(("unknown argument " + a).c_str());
   }
   if (len_k == 0) len_k = len;
-  if (double(heads) * std::max(len, len_k) * dim > 1e9) usage("the problem is too large");
+  if (double(heads) * std::max(len, len_k) * dim > 1e9 ||
+      (with_weights && double(heads) * len * len_k > 1e9)) {
+    usage("the problem is too large");
+  }
   at::set_num_threads(static_cast<int>(threads));
 
   std::mt19937 gen(0);
   std::normal_distribution<float> normal;
   std::vector<float> q(heads * len * dim), k(heads * len_k * dim), v(k.size()), dout(q.size()),
-      out(q.size()), lse(heads * len), dq(q.size()), dk(k.size()), dv(k.size());
+      out(q.size()), lse(heads * len), dq(q.size()), dk(k.size()), dv(k.size()),
+      weights(with_weights ? heads * len * len_k : 0);
+  float* const w = with_weights ? weights.data() : nullptr;
   for (auto* x : {&q, &k, &v, &dout}) {
     for (auto& y : *x) y = normal(gen);
   }
@@ -111,13 +120,13 @@ int main(int argc, char** argv) {
   // One call, ms. The backward reads the forward of the same mask, run just before it.
   const auto call = [&](bool causal) {
     p.causal = causal;
-    if (backward) cpu::attention_forward<float>(p, out.data(), lse.data(), nullptr);
+    if (backward) cpu::attention_forward<float>(p, out.data(), lse.data(), w);
     const auto t0 = Clock::now();
     if (backward) {
-      cpu::attention_backward<float>(p, grad_output, out.data(), lse.data(), nullptr, dq.data(),
+      cpu::attention_backward<float>(p, grad_output, out.data(), lse.data(), w, dq.data(),
                                      dk.data(), dv.data(), nullptr, nullptr);
     } else {
-      cpu::attention_forward<float>(p, out.data(), lse.data(), nullptr);
+      cpu::attention_forward<float>(p, out.data(), lse.data(), w);
     }
     return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   };
@@ -139,12 +148,13 @@ int main(int argc, char** argv) {
   for (long i = 0; i < len; ++i) visible_pairs += double(std::min(i + 1, len_k));
   const double flops_per_pair = 4.0 * dim * (backward ? 2.5 : 1.0) * heads;
   const double causal_t = median(causal_ms), plain_t = median(plain_ms);
-  std::printf("%s (%s), heads %ld, (%ld rows, %ld keys, %ld features), %s, %ld thread%s:\n",
+  std::printf("%s (%s), heads %ld, (%ld rows, %ld keys, %ld features), %s%s, %ld thread%s:\n",
               cpu_model().c_str(),
               __builtin_cpu_supports("avx512f") ? "AVX-512"
               : __builtin_cpu_supports("avx2")  ? "AVX2"
                                                 : "no AVX2",
-              heads, len, len_k, dim, backward ? "backward" : "forward", threads,
+              heads, len, len_k, dim, backward ? "backward" : "forward",
+              with_weights ? " with weights" : "", threads,
               threads == 1 ? "" : "s");
   std::printf("  causal %.3f ms (%.0f GFLOP/s)  plain %.3f ms (%.0f GFLOP/s)  causal/plain %.4f\n",
               causal_t, visible_pairs * flops_per_pair / causal_t / 1e6, plain_t,

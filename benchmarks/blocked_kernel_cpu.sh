@@ -3,7 +3,7 @@
 # compiles that program against the library in build/ (or ATTNLAB_LIB_DIR) and torch's headers
 # into build-bench/, then runs
 #   benchmarks/blocked_kernel_cpu.sh [--heads N] [--len L] [--len-k LK] [--dim E] [--threads T]
-#                                    [--backward]
+#                                    [--backward] [--weights]
 # which times the causal and the plain problem alternately and prints both and their ratio.
 # The program finds libattnlab.so through its RUNPATH (the library folder) unless
 # LD_LIBRARY_PATH names another: for an A/B, keep copies of two builds' libattnlab.so in two

@@ -28,28 +28,21 @@
 
 #include <ATen/Parallel.h>
 
+#include "timer_args.h"
 #include "cpu/attention_kernel.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "blocked_kernel_cpu: %s\nusage: blocked_kernel_cpu [--heads N] [--len L] "
-               "[--len-k LK] [--dim E] [--threads T] [--backward] [--weights]\n",
-               why);
-  std::exit(2);
-}
+constexpr const char* kProgram = "blocked_kernel_cpu";
+constexpr const char* kOptions =
+    "[--heads N] [--len L] [--len-k LK] [--dim E] [--threads T] [--backward] [--weights]";
+
+[[noreturn]] void usage(const std::string& why) { timer_args::fail(kProgram, kOptions, why); }
 
 long positive_arg(int& i, int argc, char** argv, long most) {
-  if (i + 1 >= argc) usage((std::string(argv[i]) + " needs a value").c_str());
-  char* end = nullptr;
-  const long v = std::strtol(argv[++i], &end, 10);
-  if (*end != '\0' || v < 1 || v > most) {
-    usage((std::string(argv[i - 1]) + " must be an integer in 1.." + std::to_string(most)).c_str());
-  }
-  return v;
+  return timer_args::positive(i, argc, argv, most, kProgram, kOptions);
 }
 
 // The CPU's model name as /proc/cpuinfo gives it ("unknown" elsewhere).
@@ -83,7 +76,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = positive_arg(i, argc, argv, 1024);
     else if (a == "--backward") backward = true;
     else if (a == "--weights") with_weights = true;
-    else usage(("unknown argument " + a).c_str());
+    else usage("unknown argument " + a);
   }
   if (len_k == 0) len_k = len;
   if (double(heads) * std::max(len, len_k) * dim > 1e9 ||

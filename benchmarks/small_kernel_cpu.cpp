@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "timer_args.h"
 #include "cpu/small_attention.h"
 #include "cpu/softmax_rows.h"
 
@@ -40,22 +41,14 @@ double median_us_per_head(long heads, F&& sweep) {
   return t[kTimings / 2];
 }
 
-[[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "small_kernel_cpu: %s\nusage: small_kernel_cpu [--heads N] [--len L (1..16)] "
-               "[--dim E (1..256)] [--weights] [--causal] [--avx2]\n",
-               why);
-  std::exit(2);
-}
+constexpr const char* kProgram = "small_kernel_cpu";
+constexpr const char* kOptions =
+    "[--heads N] [--len L (1..16)] [--dim E (1..256)] [--weights] [--causal] [--avx2]";
+
+[[noreturn]] void usage(const std::string& why) { timer_args::fail(kProgram, kOptions, why); }
 
 long positive_arg(int& i, int argc, char** argv, long most) {
-  if (i + 1 >= argc) usage((std::string(argv[i]) + " needs a value").c_str());
-  char* end = nullptr;
-  const long v = std::strtol(argv[++i], &end, 10);
-  if (*end != '\0' || v < 1 || v > most) {
-    usage((std::string(argv[i - 1]) + " must be an integer in 1.." + std::to_string(most)).c_str());
-  }
-  return v;
+  return timer_args::positive(i, argc, argv, most, kProgram, kOptions);
 }
 
 }  // namespace
@@ -72,7 +65,7 @@ int main(int argc, char** argv) {
     else if (a == "--weights") weights = true;
     else if (a == "--causal") causal = true;
     else if (a == "--avx2") avx2 = true;
-    else usage(("unknown argument " + a).c_str());
+    else usage("unknown argument " + a);
   }
   if (avx2 && !(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
     usage("--avx2 needs a CPU with AVX2 and FMA");

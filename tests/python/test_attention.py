@@ -135,6 +135,20 @@ def test_long_sequences_cross_block_boundaries(len_q, len_k, is_causal):
     torch.testing.assert_close(grad_v.double(), ref_grad_v, rtol=1e-4, atol=1e-5)
 
 
+def assert_output_and_gradients_match_reference(q, k, v, mask, is_causal, gen):
+    """attnlab's float32 output and its gradients (for a random output gradient drawn from gen)
+    against the float64 reference: output within 1e-5, gradients within 1e-4 relative."""
+    output, _ = attnlab.scaled_dot_product_attention(q, k, v, mask, is_causal)
+    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref_output, _ = reference.attention(*ref_inputs, mask, is_causal)
+    torch.testing.assert_close(output.double(), ref_output, rtol=1e-5, atol=1e-5)
+    grad_output = torch.randn(output.shape, generator=gen)
+    grads = torch.autograd.grad(output, (q, k, v), grad_output)
+    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
+    for name, grad, ref in zip("qkv", grads, ref_grads):
+        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("mask_kind", [None, "float"])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("len_q,len_k", [(700, 1100), (1100, 700), (517, 517), (2050, 1030)])
@@ -154,15 +168,7 @@ def test_long_sequences_without_weights(len_q, len_k, is_causal, mask_kind):
         mask = torch.randn(len_q, len_k, generator=gen)
         mask[:, 3] = float("-inf")
     q, k, v = (t.requires_grad_() for t in (q, k.detach(), v.detach()))
-    output, _ = attnlab.scaled_dot_product_attention(q, k, v, mask, is_causal)
-    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref_output, _ = reference.attention(*ref_inputs, mask, is_causal)
-    torch.testing.assert_close(output.double(), ref_output, rtol=1e-5, atol=1e-5)
-    grad_output = torch.randn(output.shape, generator=gen)
-    grads = torch.autograd.grad(output, (q, k, v), grad_output)
-    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
-    for name, grad, ref in zip("qkv", grads, ref_grads):
-        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
+    assert_output_and_gradients_match_reference(q, k, v, mask, is_causal, gen)
 
 
 @pytest.mark.parametrize("dim_qk,dim_v", [(24, 32), (64, 64), (40, 48)])
@@ -178,15 +184,7 @@ def test_long_causal_sequences_with_values_read_in_place(len_q, len_k, dim_qk, d
     q, k = (torch.randn(2, 2, n, dim_qk, generator=gen) for n in (len_q, len_k))
     v = torch.randn(2, 2, len_k, dim_v, generator=gen)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    output, _ = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True)
-    ref_inputs = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref_output, _ = reference.attention(*ref_inputs, None, True)
-    torch.testing.assert_close(output.double(), ref_output, rtol=1e-5, atol=1e-5)
-    grad_output = torch.randn(output.shape, generator=gen)
-    grads = torch.autograd.grad(output, (q, k, v), grad_output)
-    ref_grads = torch.autograd.grad(ref_output, ref_inputs, grad_output.double())
-    for name, grad, ref in zip("qkv", grads, ref_grads):
-        torch.testing.assert_close(grad.double(), ref, rtol=1e-4, atol=1e-5, msg=name)
+    assert_output_and_gradients_match_reference(q, k, v, None, True, gen)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients():

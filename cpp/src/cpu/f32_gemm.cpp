@@ -590,13 +590,14 @@ ATTNLAB_F32 void f32_gemm_rows_avx512(bool trans_a, int64_t m, int64_t n, int64_
       }
       static_assert(kWideRows == 6);
       switch (m - i0) {
-#define ATTNLAB_WIDE_TAIL(R)                                                              \
-  case R:                                                                                 \
-    if (block_steps(i0, R) > 0 || p0 == 0) {                                              \
-      wide_block<R>(block_steps(i0, R), ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, \
-                    ldc);                                                                 \
-    }                                                                                     \
-    break;
+#define ATTNLAB_WIDE_TAIL(R)                                                             \
+  case R: {                                                                              \
+    const int64_t s = block_steps(i0, R);                                                \
+    if (s > 0 || p0 == 0) {                                                              \
+      wide_block<R>(s, ai, a_row, a_col, bp, ldb, alpha, chunk_beta, ci, ldc);           \
+    }                                                                                    \
+    break;                                                                               \
+  }
         ATTNLAB_WIDE_TAIL(5) ATTNLAB_WIDE_TAIL(4) ATTNLAB_WIDE_TAIL(3) ATTNLAB_WIDE_TAIL(2)
         ATTNLAB_WIDE_TAIL(1)
 #undef ATTNLAB_WIDE_TAIL

@@ -28,6 +28,9 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                                  pytest tests/python/test_reduced_precision_cpu.py
                     bench-speed  benchmarks/attention_cuda.py --tables half float32
                     bench-extra  benchmarks/attention_cuda.py --tables weights memory
+                    flash-weights  need_weights on the flash forward (ATTNLAB_CUDA_FLASH_WEIGHTS=1,
+                                 off by default until it passes here): the CUDA weights tests,
+                                 then the weights table -> bench-flash-weights.md
                     ncu          Nsight Compute profiles of the kernels that miss their speed
                                  targets, beside torch's (benchmarks/gpu/ncu_cases.py) -> ncu.md
                     experiments  every experiment's --fast run (and reverse in full) on CUDA
@@ -63,7 +66,7 @@ EOF
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
-ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra ncu experiments anomaly)
+ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra flash-weights ncu experiments anomaly)
 OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET="" CORE=""
 while (($#)); do
   case $1 in
@@ -96,7 +99,7 @@ expand() {
     all) echo "${ALL_PHASES[@]}" ;;
     sanitize) echo "memcheck+racecheck" ;;
     bench) echo "bench-speed bench-extra" ;;
-    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|ncu|experiments|anomaly) echo "$1" ;;
+    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|flash-weights|ncu|experiments|anomaly) echo "$1" ;;
     *) echo "run.sh: unknown phase '$1' (see --help)" >&2; return 2 ;;
   esac
 }
@@ -112,7 +115,7 @@ for entry in "${requested[@]}"; do
     group=()
     for member in "${members[@]}"; do
       list=$(expand "$member") || exit 2
-      if [[ $list == *bench* || $list == *build* || $list == *ncu* ]]; then
+      if [[ $list == *bench* || $list == *build* || $list == *ncu* || $list == *flash-weights* ]]; then
         echo "run.sh: $member cannot run beside other phases ($entry)" >&2; exit 2
       fi
       group+=("${list// /+}")
@@ -347,6 +350,26 @@ phase_bench() {  # $2: speed or extra
   return "$rc"
 }
 
+phase_flash_weights() {  # the flash forward's weights pass, opt-in until it has passed here
+  local log=$1 rc budget
+  step "$log" env ATTNLAB_CUDA_FLASH_WEIGHTS=1 "$PY" -m pytest tests/python/test_attention_cuda.py \
+       -k "weights" -v -rs -p no:cacheprovider -o faulthandler_timeout=300 \
+       --junitxml="$OUTDIR/flash-weights.junit.xml"
+  rc=$?
+  NOTE="tests with ATTNLAB_CUDA_FLASH_WEIGHTS=1: $(pytest_tally "$log")"
+  budget=$((PHASE_DEADLINE - $(now) - 45))
+  ((DRY)) && budget=$(($(default_timeout flash-weights) - 45))
+  local args=(--tables weights)
+  ((QUICK)) && args+=(--weights-lengths 4096 --weights-dtypes bfloat16 --reps 5)
+  step "$log" env -C "$REPO/benchmarks" ATTNLAB_CUDA_FLASH_WEIGHTS=1 "$PY" attention_cuda.py \
+       "${args[@]}" --max-seconds "$budget" --out "$OUTDIR/bench-flash-weights.md"
+  local bench_rc=$?
+  ((DRY)) && return 0
+  NOTE="$NOTE; bench-flash-weights.md: $(grep -ac '| met' "$OUTDIR/bench-flash-weights.md" 2>/dev/null) met, $(grep -ac '| MISSED' "$OUTDIR/bench-flash-weights.md" 2>/dev/null) MISSED"
+  ((rc == 0)) && rc=$bench_rc
+  return "$rc"
+}
+
 phase_ncu() {
   local log=$1 rc
   local cases=()
@@ -574,6 +597,7 @@ run_phase() {
     cpu-amx) phase_cpu_amx "$log" ;;
     bench-speed) phase_bench "$log" speed ;;
     bench-extra) phase_bench "$log" extra ;;
+    flash-weights) phase_flash_weights "$log" ;;
     ncu) phase_ncu "$log" ;;
     experiments) phase_experiments "$log" ;;
     anomaly) phase_anomaly "$log" ;;

@@ -158,11 +158,13 @@ std::string schedule_name(const emulation::LaunchOptions& o) {
   return "?";
 }
 
+// weights_tolerance > 0: the kernel also writes the weights (its second pass over the keys),
+// compared element by element with the float64 probabilities, hidden pairs exactly 0.
 template <typename T, int kHead, int kRowsPerWarp>
 void check_flash_case(const FlashCase& c, double tolerance,
-                      emulation::LaunchOptions options = {}) {
+                      emulation::LaunchOptions options = {}, double weights_tolerance = 0) {
   SCOPED_TRACE(c.name() + ", " + std::to_string(kRowsPerWarp) + " rows per warp, " +
-               schedule_name(options));
+               schedule_name(options) + (weights_tolerance > 0 ? ", weights" : ""));
   using Tiles = attnlab::cuda::detail::FlashForwardTiles<kHead, kRowsPerWarp>;
   std::mt19937 gen(static_cast<unsigned>(c.len_q * 131 + c.len_k * 7 + kHead + c.causal));
   const FlashInputs<T, kHead> in(c, gen);
@@ -174,23 +176,44 @@ void check_flash_case(const FlashCase& c, double tolerance,
   const T poison = T(std::numeric_limits<float>::quiet_NaN());
   std::vector<T> output(entries * c.len_q * kHead + kGuard, poison);
   std::vector<float> lse(entries * c.len_q + kGuard, std::numeric_limits<float>::quiet_NaN());
+  const bool with_weights = weights_tolerance > 0;
+  const int64_t weight_count = with_weights ? entries * c.len_q * c.len_k : 0;
+  std::vector<T> weights(weight_count + kGuard, poison);
   const int64_t q_blocks = (c.len_q + Tiles::kBlockM - 1) / Tiles::kBlockM;
   emulation::launch(entries * q_blocks, Tiles::kThreads, Tiles::kSharedBytes, [&] {
-    attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp>(p, output.data(),
-                                                                             lse.data());
+    if (with_weights) {
+      attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, true>(
+          p, output.data(), lse.data(), weights.data());
+    } else {
+      attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, false>(
+          p, output.data(), lse.data(), nullptr);
+    }
   }, options);
+  for (int64_t g = 0; g < kGuard; ++g) {
+    ASSERT_TRUE(std::isnan(static_cast<float>(weights[weight_count + g])))
+        << "weights guard element " << g << " was written";
+  }
 
   for (int64_t g = 0; g < kGuard; ++g) {
     ASSERT_TRUE(std::isnan(static_cast<float>(output[entries * c.len_q * kHead + g])))
         << "output guard element " << g << " was written";
     ASSERT_TRUE(std::isnan(lse[entries * c.len_q + g])) << "lse guard element " << g;
   }
-  double worst = 0, worst_lse = 0;
+  double worst = 0, worst_lse = 0, worst_weight = 0;
   std::vector<double> probs(std::max<int64_t>(c.len_k, 1));
   for (int64_t b = 0; b < entries; ++b) {
     const int64_t kb = in.kv_entry(b);
     for (int64_t i = 0; i < c.len_q; ++i) {
       const double ref_lse = reference_row(in, b, i, probs);
+      for (int64_t j = 0; with_weights && j < c.len_k; ++j) {
+        const double got = static_cast<float>(weights[(b * c.len_q + i) * c.len_k + j]);
+        ASSERT_FALSE(std::isnan(got)) << "weight not written (or NaN) at entry " << b << ", row "
+                                      << i << ", key " << j;
+        if (probs[j] == 0.0 && c.causal && j > i) {
+          ASSERT_EQ(got, 0.0) << "hidden weight at entry " << b << ", row " << i << ", key " << j;
+        }
+        worst_weight = std::max(worst_weight, std::abs(got - probs[j]));
+      }
       for (int d = 0; d < kHead; ++d) {
         double ref = 0;
         for (int64_t j = 0; j < c.len_k; ++j) ref += probs[j] * in.v.values[(kb * c.len_k + j) * kHead + d];
@@ -210,6 +233,9 @@ void check_flash_case(const FlashCase& c, double tolerance,
   }
   EXPECT_LE(worst, tolerance) << "largest output error against the float64 reference";
   EXPECT_LE(worst_lse, 1e-5) << "largest relative log-sum-exp error";
+  if (with_weights) {
+    EXPECT_LE(worst_weight, weights_tolerance) << "largest weight error against float64";
+  }
 }
 
 // The backward: dQ, dK, dV from the float64 reference's log-sum-exp and delta (as the forward
@@ -383,6 +409,27 @@ TEST(FlashEmulated, Bfloat16Head128) {
   }
 }
 
+// The weights, rounded to T once from float32 probabilities of at most 1: a few units in the
+// last place of T (half: 2^-11, bfloat16: 2^-8) at most.
+constexpr double kHalfWeightsTolerance = 1e-3;
+constexpr double kBfloat16WeightsTolerance = 8e-3;
+
+TEST(FlashEmulated, WeightsHalfHead64) {
+  for (const auto& c : cases_for_head(64)) {
+    check_flash_case<emulation::half, 64, 16>(c, kHalfTolerance, {}, kHalfWeightsTolerance);
+    check_flash_case<emulation::half, 64, 32>(c, kHalfTolerance, {}, kHalfWeightsTolerance);
+  }
+}
+
+TEST(FlashEmulated, WeightsBfloat16Head128) {
+  for (const auto& c : cases_for_head(128)) {
+    check_flash_case<emulation::bfloat16, 128, 16>(c, kBfloat16Tolerance, {},
+                                                   kBfloat16WeightsTolerance);
+    check_flash_case<emulation::bfloat16, 128, 32>(c, kBfloat16Tolerance, {},
+                                                   kBfloat16WeightsTolerance);
+  }
+}
+
 TEST(FlashEmulated, BackwardHalfHead64) {
   for (const auto& c : cases_for_head(64)) {
     check_flash_backward_case<emulation::half, 64>(c, kHalfGradTolerance);
@@ -431,6 +478,15 @@ TEST(FlashEmulated, HalfHead64OtherSchedules) {
   }
 }
 
+TEST(FlashEmulated, WeightsHalfHead64OtherSchedules) {
+  for (const auto& options : other_schedules()) {
+    for (const auto& c : schedule_cases()) {
+      check_flash_case<emulation::half, 64, 16>(c, kHalfTolerance, options, kHalfWeightsTolerance);
+      check_flash_case<emulation::half, 64, 32>(c, kHalfTolerance, options, kHalfWeightsTolerance);
+    }
+  }
+}
+
 TEST(FlashEmulated, BackwardHalfHead64OtherSchedules) {
   for (const auto& options : other_schedules()) {
     for (const auto& c : schedule_cases()) {
@@ -465,6 +521,7 @@ TEST(FlashEmulated, RandomCasesHead64) {
   for (const auto& c : random_cases(24, 2024)) {
     check_flash_case<emulation::half, 64, 16>(c, kHalfTolerance);
     check_flash_case<emulation::bfloat16, 64, 32>(c, kBfloat16Tolerance);
+    check_flash_case<emulation::half, 64, 32>(c, kHalfTolerance, {}, kHalfWeightsTolerance);
     check_flash_backward_case<emulation::half, 64>(c, kHalfGradTolerance);
     check_flash_backward_case<emulation::bfloat16, 64>(c, kBfloat16GradTolerance);
   }

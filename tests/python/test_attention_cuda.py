@@ -308,6 +308,36 @@ def test_half_precision_weights_no_worse_than_plain_softmax(dtype, is_causal):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("len_q,len_k", [(200, 256), (130, 72), (300, 517)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_half_precision_weights_across_tiles_and_head_sizes(dtype, dim, len_q, len_k, is_causal):
+    # The head sizes and layouts the flash forward takes (with ATTNLAB_CUDA_FLASH_WEIGHTS=1 its
+    # second pass writes the weights; otherwise the generic forward does): several query and key
+    # tiles, rows of weights 16-byte aligned (256, 72) or not (517), more queries than keys, and
+    # under the causal mask key tiles no row of a query block sees. The output is the one
+    # without weights, and the weights are no worse than a plain softmax's.
+    q, k, v = _half_inputs((1, 2, len_q, dim), (1, 2, len_k, dim), dim, dtype, seed=dim + len_k)
+    ref_output, ref_weights = reference.attention(q, k, v, is_causal=is_causal)
+    gq, gk, gv = (on_cuda(t, dtype=dtype) for t in (q, k, v))
+    output, weights = attnlab.scaled_dot_product_attention(gq, gk, gv, is_causal=is_causal,
+                                                           need_weights=True)
+    output_only, _ = attnlab.scaled_dot_product_attention(gq, gk, gv, is_causal=is_causal)
+    scores = gq @ gk.transpose(-2, -1) / math.sqrt(dim)
+    if is_causal:
+        allowed = torch.ones(len_q, len_k, dtype=torch.bool, device="cuda").tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        assert (weights.masked_select(~allowed) == 0).all(), "hidden pairs must weigh 0"
+    plain_weights = scores.softmax(-1)
+    assert weights.dtype == dtype and weights.shape == (1, 2, len_q, len_k)
+    assert_no_worse_than_torch(weights, plain_weights, ref_weights, "weights")
+    assert_no_worse_than_torch(output, plain_weights @ gv, ref_output, "output")
+    torch.testing.assert_close(output, output_only, rtol=0, atol=2 * relative_error(
+        output_only, ref_output) + 1e-6)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=str)
 @pytest.mark.parametrize("mask_shape", [(2, 4, 37, 45), (37, 45), (4, 1, 45)])
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_half_precision_float_mask_gradient_no_worse_than_plain_ops(dtype, mask_shape, is_causal):

@@ -36,6 +36,14 @@ bool flash_kernels_enabled() {
   return choice == nullptr || std::string_view(choice) != "0";
 }
 
+// need_weights on the flash forward (its second pass over the keys writes the weights): only
+// with ATTNLAB_CUDA_FLASH_WEIGHTS=1 until it has run on a GPU (tested so far on the warp
+// emulator only, tests/cpp/test_flash_emulated.cpp); otherwise the generic forward writes them.
+bool flash_weights_enabled() {
+  const char* choice = std::getenv("ATTNLAB_CUDA_FLASH_WEIGHTS");
+  return choice != nullptr && std::string_view(choice) == "1";
+}
+
 // Query rows per warp of the flash forward. Default by head size, from the first GPU run
 // (H200, torch 2.11, 2026-11-27, L = 2048 and 4096, same process): 32 rows at D = 64 (206-251
 // TFLOP/s in bfloat16 against 162-193 with 16 rows; twice the products per K and V fragment
@@ -107,17 +115,21 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
   BatchIndexer batch(batch_shape);
   const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool tensor_cores = tensor_core_kernels_apply(p, query.scalar_type(), need_weights);
+  const bool flash = flash_kernels_enabled();
+  // With weights, only the flash forward of the tensor-core kernels writes them.
+  const bool tensor_cores = tensor_core_kernels_apply(
+      p, query.scalar_type(), need_weights && !(flash && flash_weights_enabled()));
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;
     with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
       constexpr int kHead = decltype(family)::value;
       if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
         if (tensor_cores) {
-          if (flash_kernels_enabled()) {
-            return sdpa_forward_flash<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                                lse.data_ptr<float>(), flash_rows_per_warp(kHead),
-                                                stream);
+          if (flash) {
+            return sdpa_forward_flash<T, kHead>(
+                p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
+                need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr,
+                flash_rows_per_warp(kHead), stream);
           }
           return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
                                                     lse.data_ptr<float>(), stream);

@@ -1,8 +1,8 @@
 #pragma once
 // Tensor-core forward and backward of scaled dot-product attention in the manner of
-// FlashAttention-2, for float16 and bfloat16 at head size 64 or 128, without a mask or weights
-// (causal allowed): the common case of training and inference. Anything else goes to the
-// generic kernels. The forward is described here, the backward further down.
+// FlashAttention-2, for float16 and bfloat16 at head size 64 or 128, without a mask (causal
+// allowed): the common case of training and inference. Anything else goes to the generic
+// kernels. The forward is described here, the backward further down.
 //
 // A block of 4 warps owns 64 query rows, 16 per warp (or 128, 32 per warp: kRowsPerWarp), and
 // walks the keys in tiles of 64:
@@ -18,6 +18,8 @@
 //     of an m16k16 operand) and V by ldmatrix.trans.
 //   - At the end the rows are divided by their sums, staged in shared memory and written with
 //     16-byte stores; the log-sum-exp (natural log) goes out in float32.
+//   - With weights, a second pass over the same key tiles computes the scores again and
+//     writes exp(s − max) / sum from them, the rows' final max and sum known (see the kernel).
 // The grid runs the last query blocks first: under the causal mask they see the most keys.
 //
 // Written only in the functions of warp_primitives.cuh, so it also compiles as host C++ against
@@ -161,9 +163,12 @@ ATTNLAB_DEVICE void store_pair(unsigned char* tile, int row, int col, uint32_t p
   *reinterpret_cast<uint32_t*>(tile + swizzled<kCols>(row, col / 8) + (col % 8) * 2) = pair;
 }
 
-template <typename T, int kHead, int kRowsPerWarp>
+// kWeights: also writes the weights (non-null), in a kernel of its own: the pass compiled into
+// the one without weights changed its register allocation (ptxas, sm_90: 44 → 80 bytes spilled
+// at D = 64 with 32 rows per warp, the default there).
+template <typename T, int kHead, int kRowsPerWarp, bool kWeights = false>
 ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
-sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
+sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // mma.sync m16n8k16 and cp.async need sm_80; ops.cpp launches this kernel only there.
   __trap();
@@ -355,27 +360,31 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
   }
   cp_async_wait<0>();  // nothing is in flight past here (only empty groups remain)
   // Every warp is past its last read of the Q tile (at tile 0 with Q in registers, else in the
-  // last tile's products): the barrier lets the output be staged there.
+  // last tile's products) and of the V tiles: the barrier lets the output be staged in the Q
+  // tile, or in the V tiles when the weights pass below still reads Q.
   block_sync();
+  unsigned char* const stage = kWeights ? v_tiles : q_tile;
+  static_assert(kBlockM * kHead * 2 <= 2 * Tiles::kTileBytes, "the output fits the V tiles");
 
-  // Rows' sums across their four lanes, then the normalised rows into the Q tile and out in
+  // Rows' sums across their four lanes, then the normalised rows into the stage and out in
   // 16-byte chunks.
+  float inv_sum[kMT][2];
 #pragma unroll
   for (int mt = 0; mt < kMT; ++mt) {
-    float inv_sum[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       row_sum[mt][h] += shfl_xor(row_sum[mt][h], 1);
       row_sum[mt][h] += shfl_xor(row_sum[mt][h], 2);
-      inv_sum[h] = row_sum[mt][h] == 0.f ? 0.f : 1.f / row_sum[mt][h];
+      inv_sum[mt][h] = row_sum[mt][h] == 0.f ? 0.f : 1.f / row_sum[mt][h];
     }
 #pragma unroll
     for (int n = 0; n < Tiles::kOTiles; ++n) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int r = row0 + mt * 16 + g + 8 * h, col = n * 8 + 2 * t;
-        store_pair<kHead>(q_tile, r, col,
-                          pack_rn<T>(o[mt][n][2 * h] * inv_sum[h], o[mt][n][2 * h + 1] * inv_sum[h]));
+        store_pair<kHead>(stage, r, col,
+                          pack_rn<T>(o[mt][n][2 * h] * inv_sum[mt][h],
+                                     o[mt][n][2 * h + 1] * inv_sum[mt][h]));
       }
     }
     if (t == 0) {
@@ -396,9 +405,120 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp) {
     const int r = idx / Tiles::kChunks, c = idx % Tiles::kChunks;
     if (i0 + r < p.len_q) {
       *reinterpret_cast<Chunk16*>(output + ((b * p.len_q + i0 + r) * kHead + c * 8)) =
-          *reinterpret_cast<const Chunk16*>(q_tile + swizzled<kHead>(r, c));
+          *reinterpret_cast<const Chunk16*>(stage + swizzled<kHead>(r, c));
     }
   }
+  if constexpr (kWeights) {
+    // The weights: a second pass over the key tiles that see the block's rows, S = Q·Kᵀ again
+    // (the same products, so the same scores), P = exp2(S − max) / sum with the rows' final max
+    // and sum, rounded to T once, staged as a [kBlockM, 64] tile in the V tiles and written out
+    // in 16-byte chunks where the weights' rows allow it. The keys no row of the block sees
+    // (causal) get zeros.
+    block_sync();  // every thread is past its reads of the staged output
+    unsigned char* const p_tile = v_tiles;
+    static_assert(kBlockM * kBlockN * 2 <= 2 * Tiles::kTileBytes, "P fits the V tiles");
+    constexpr int kPChunks = kBlockN / 8;  // 16-byte chunks per staged row
+    float shift[kMT][2];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        shift[mt][h] = row_max[mt][h] == kFlashNegInf ? 0.f : row_max[mt][h];
+      }
+    }
+    T* const weight_rows = weights + (b * p.len_q + i0) * p.len_k;  // row i0 of entry b
+    const bool vector_rows = p.len_k % 8 == 0;  // 16-byte aligned rows
+    if (n_tiles > 0) copy_tile_async<T, kHead>(k_tiles, key, p.key.row_stride, 0, p.len_k);
+    cp_async_commit();
+    for (int64_t tile = 0; tile < n_tiles; ++tile) {
+      const int buffer = static_cast<int>(tile & 1);
+      const int64_t j0 = tile * kBlockN;
+      cp_async_wait<0>();  // this thread's K_tile copies have landed
+      block_sync();        // everyone's have; everyone is done with the other buffer and P
+      if (tile + 1 < n_tiles) {
+        copy_tile_async<T, kHead>(k_tiles + (buffer ^ 1) * Tiles::kTileBytes, key,
+                                  p.key.row_stride, j0 + kBlockN, p.len_k);
+      }
+      cp_async_commit();
+      const unsigned char* k_tile = k_tiles + buffer * Tiles::kTileBytes;
+      float s[kMT][Tiles::kSTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+        uint32_t qa[kMT][4];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) {
+          if constexpr (kQInRegisters) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) qa[mt][r] = q_registers[ks][r];
+          } else {
+            load_a<kHead>(qa[mt], q_tile, row0 + mt * 16, ks, lane);
+          }
+        }
+#pragma unroll
+        for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
+          uint32_t kb[4];
+          load_b_of_rows<kHead>(kb, k_tile, np * 16, ks, lane);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) mma_pair<T>(s[mt][2 * np], s[mt][2 * np + 1], qa[mt], kb);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+        for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            float pair[2];
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+              const int64_t j = j0 + n * 8 + 2 * t + q;
+              const int64_t i = i0 + row0 + mt * 16 + g + 8 * h;
+              const bool hidden = j >= p.len_k || (p.causal && j > i);
+              pair[q] = hidden ? 0.f
+                               : fast_exp2(s[mt][n][2 * h + q] * scale_log2 - shift[mt][h]) *
+                                     inv_sum[mt][h];
+            }
+            store_pair<kBlockN>(p_tile, row0 + mt * 16 + g + 8 * h, n * 8 + 2 * t,
+                                pack_rn<T>(pair[0], pair[1]));
+          }
+        }
+      }
+      block_sync();  // the block's P tile is staged
+#pragma unroll
+      for (int k = 0; k < kBlockM * kPChunks / Tiles::kThreads; ++k) {
+        const int idx = tid + k * Tiles::kThreads;
+        const int r = idx / kPChunks, c = idx % kPChunks;
+        const int64_t j = j0 + c * 8;
+        if (i0 + r >= p.len_q || j >= p.len_k) continue;
+        T* dst = weight_rows + r * p.len_k + j;
+        const unsigned char* src = p_tile + swizzled<kBlockN>(r, c);
+        if (vector_rows) {
+          *reinterpret_cast<Chunk16*>(dst) = *reinterpret_cast<const Chunk16*>(src);
+        } else {
+          const T* values = reinterpret_cast<const T*>(src);
+          for (int e = 0; e < 8 && j + e < p.len_k; ++e) dst[e] = values[e];
+        }
+      }
+    }
+    // Keys past the tiles above: hidden from every row of the block (causal).
+    const int64_t zero_from = n_tiles * kBlockN;
+    if (zero_from < p.len_k) {
+      const int64_t rows = p.len_q - i0 < kBlockM ? p.len_q - i0 : kBlockM;
+      const int64_t width = p.len_k - zero_from;
+      const T zero = T(0.f);
+      for (int64_t idx = tid; idx < rows * width; idx += Tiles::kThreads) {
+        weight_rows[(idx / width) * p.len_k + zero_from + idx % width] = zero;
+      }
+    }
+  }  // kWeights
 #endif
 }
 
@@ -667,19 +787,26 @@ flash_grad_query_kernel(const float* accum, float scale, int64_t count, T* grad_
 namespace attnlab::cuda {
 
 template <typename T, int kHead, int kRowsPerWarp>
-void launch_flash_forward(const SdpaProblem& p, T* output, float* logsumexp,
+void launch_flash_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
                           cudaStream_t stream) {
   using Tiles = detail::FlashForwardTiles<kHead, kRowsPerWarp>;
-  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp>,
-                 p.batch * detail::ceil_div(p.len_q, Tiles::kBlockM), Tiles::kThreads,
-                 Tiles::kSharedBytes, stream, p, output, logsumexp);
+  const int64_t blocks = p.batch * detail::ceil_div(p.len_q, Tiles::kBlockM);
+  if (weights != nullptr) {
+    return detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, true>, blocks,
+                          Tiles::kThreads, Tiles::kSharedBytes, stream, p, output, logsumexp,
+                          weights);
+  }
+  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, false>, blocks,
+                 Tiles::kThreads, Tiles::kSharedBytes, stream, p, output, logsumexp, weights);
 }
 
 template <typename T, int kHead>
-void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, int rows_per_warp,
-                        cudaStream_t stream) {
-  if (rows_per_warp == 32) return launch_flash_forward<T, kHead, 32>(p, output, logsumexp, stream);
-  launch_flash_forward<T, kHead, 16>(p, output, logsumexp, stream);
+void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
+                        int rows_per_warp, cudaStream_t stream) {
+  if (rows_per_warp == 32) {
+    return launch_flash_forward<T, kHead, 32>(p, output, logsumexp, weights, stream);
+  }
+  launch_flash_forward<T, kHead, 16>(p, output, logsumexp, weights, stream);
 }
 
 template <typename T, int kHead>
@@ -703,7 +830,8 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
 
 #define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                               \
   namespace attnlab::cuda {                                                                    \
-  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, int, cudaStream_t); \
+  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, T*, int,          \
+                                             cudaStream_t);                                    \
   template void sdpa_backward_flash<T, kHead>(const SdpaProblem&, const MatrixOperand&,        \
                                               const T*, const float*, float*, float*, T*, T*,  \
                                               T*, cudaStream_t);                               \

@@ -4,7 +4,8 @@ Writes markdown tables (to stdout, and to --out FILE as each table completes):
 
   1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style kernels,
      the same with the other number of query rows per warp in the forward than its default
-     for the head size (ATTNLAB_CUDA_FLASH_ROWS: 32 by default at D = 64, 16 at D = 128), and its
+     for the head size (ATTNLAB_CUDA_FLASH_ROWS: 32 by default at D = 64, 16 at D = 128), the
+     same in blocks of 8 warps of 16 rows (ATTNLAB_CUDA_FLASH_WARPS=8), and its
      earlier WMMA forward and generic backward, ATTNLAB_CUDA_FLASH=0) and of torch's flash,
      efficient and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
      forward+backward.
@@ -67,7 +68,7 @@ def flops(batch, heads, length, head_size, is_causal, backward):
 # ---- the implementations ---------------------------------------------------------------------
 
 
-KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH", "ATTNLAB_CUDA_FLASH_ROWS")
+KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH", "ATTNLAB_CUDA_FLASH_ROWS", "ATTNLAB_CUDA_FLASH_WARPS")
 
 
 def attnlab_sdpa(q, k, v, is_causal):
@@ -80,8 +81,18 @@ def attnlab_other_rows(q, k, v, is_causal):
     """attnlab's flash forward with the other number of query rows per warp than its default
     for this head size (default 32 at D = 64, 16 at D = 128; ATTNLAB_CUDA_FLASH_ROWS, read at
     every call; attnlab_sdpa removes it)."""
-    os.environ.pop("ATTNLAB_CUDA_FLASH", None)
+    for name in KERNEL_SWITCHES:
+        os.environ.pop(name, None)
     os.environ["ATTNLAB_CUDA_FLASH_ROWS"] = "16" if q.shape[-1] <= 64 else "32"
+    return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
+
+
+def attnlab_eight_warps(q, k, v, is_causal):
+    """attnlab's flash forward in blocks of 8 warps of 16 query rows (ATTNLAB_CUDA_FLASH_WARPS=8,
+    read at every call; attnlab_sdpa removes it): each K and V tile copied serves 128 rows."""
+    for name in KERNEL_SWITCHES:
+        os.environ.pop(name, None)
+    os.environ["ATTNLAB_CUDA_FLASH_WARPS"] = "8"
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
@@ -559,6 +570,7 @@ def main(argv=None):
         records = [r for dtype in (torch.bfloat16, torch.float16)
                    for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget,
                                           [("attnlab other rows/warp", attnlab_other_rows),
+                                           ("attnlab 8 warps", attnlab_eight_warps),
                                            ("attnlab before flash", attnlab_without_flash)])]
         emit(speed_section("bfloat16 and float16, TFLOP/s", records, "flash", HALF_TARGETS))
     if "float32" in args.tables:

@@ -160,12 +160,13 @@ std::string schedule_name(const emulation::LaunchOptions& o) {
 
 // weights_tolerance > 0: the kernel also writes the weights (its second pass over the keys),
 // compared element by element with the float64 probabilities, hidden pairs exactly 0.
-template <typename T, int kHead, int kRowsPerWarp>
+template <typename T, int kHead, int kRowsPerWarp, int kWarps = 4>
 void check_flash_case(const FlashCase& c, double tolerance,
                       emulation::LaunchOptions options = {}, double weights_tolerance = 0) {
   SCOPED_TRACE(c.name() + ", " + std::to_string(kRowsPerWarp) + " rows per warp, " +
-               schedule_name(options) + (weights_tolerance > 0 ? ", weights" : ""));
-  using Tiles = attnlab::cuda::detail::FlashForwardTiles<kHead, kRowsPerWarp>;
+               std::to_string(kWarps) + " warps, " + schedule_name(options) +
+               (weights_tolerance > 0 ? ", weights" : ""));
+  using Tiles = attnlab::cuda::detail::FlashForwardTiles<kHead, kRowsPerWarp, kWarps>;
   std::mt19937 gen(static_cast<unsigned>(c.len_q * 131 + c.len_k * 7 + kHead + c.causal));
   const FlashInputs<T, kHead> in(c, gen);
   const SdpaProblem& p = in.p;
@@ -182,10 +183,10 @@ void check_flash_case(const FlashCase& c, double tolerance,
   const int64_t q_blocks = (c.len_q + Tiles::kBlockM - 1) / Tiles::kBlockM;
   emulation::launch(entries * q_blocks, Tiles::kThreads, Tiles::kSharedBytes, [&] {
     if (with_weights) {
-      attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, true>(
+      attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, true, kWarps>(
           p, output.data(), lse.data(), weights.data());
     } else {
-      attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, false>(
+      attnlab::cuda::detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, false, kWarps>(
           p, output.data(), lse.data(), nullptr);
     }
   }, options);
@@ -430,6 +431,22 @@ TEST(FlashEmulated, WeightsBfloat16Head128) {
   }
 }
 
+// Blocks of 8 warps (16 rows each, 128 rows per block), with and without weights.
+TEST(FlashEmulated, EightWarpsHalfHead128) {
+  for (const auto& c : cases_for_head(64)) {  // all eight cases at the wider head
+    check_flash_case<emulation::half, 128, 16, 8>(c, kHalfTolerance);
+    check_flash_case<emulation::half, 128, 16, 8>(c, kHalfTolerance, {}, kHalfWeightsTolerance);
+  }
+}
+
+TEST(FlashEmulated, EightWarpsBfloat16Head64) {
+  for (const auto& c : cases_for_head(64)) {
+    check_flash_case<emulation::bfloat16, 64, 16, 8>(c, kBfloat16Tolerance);
+    check_flash_case<emulation::bfloat16, 64, 16, 8>(c, kBfloat16Tolerance, {},
+                                                     kBfloat16WeightsTolerance);
+  }
+}
+
 TEST(FlashEmulated, BackwardHalfHead64) {
   for (const auto& c : cases_for_head(64)) {
     check_flash_backward_case<emulation::half, 64>(c, kHalfGradTolerance);
@@ -487,6 +504,15 @@ TEST(FlashEmulated, WeightsHalfHead64OtherSchedules) {
   }
 }
 
+TEST(FlashEmulated, EightWarpsHalfHead128OtherSchedules) {
+  for (const auto& options : other_schedules()) {
+    for (const auto& c : schedule_cases()) {
+      check_flash_case<emulation::half, 128, 16, 8>(c, kHalfTolerance, options,
+                                                    kHalfWeightsTolerance);
+    }
+  }
+}
+
 TEST(FlashEmulated, BackwardHalfHead64OtherSchedules) {
   for (const auto& options : other_schedules()) {
     for (const auto& c : schedule_cases()) {
@@ -531,6 +557,7 @@ TEST(FlashEmulated, RandomCasesHead128) {
   for (const auto& c : random_cases(8, 128)) {
     check_flash_case<emulation::bfloat16, 128, 16>(c, kBfloat16Tolerance);
     check_flash_case<emulation::half, 128, 32>(c, kHalfTolerance);
+    check_flash_case<emulation::half, 128, 16, 8>(c, kHalfTolerance, {}, kHalfWeightsTolerance);
     check_flash_backward_case<emulation::bfloat16, 128>(c, kBfloat16GradTolerance);
   }
 }

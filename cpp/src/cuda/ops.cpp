@@ -57,6 +57,14 @@ int flash_rows_per_warp(int head_size) {
   return head_size <= 64 ? 32 : 16;
 }
 
+// Warps per block of the flash forward: 4 (default), or with ATTNLAB_CUDA_FLASH_WARPS=8 (read
+// at every call) blocks of 8 warps of 16 query rows, 128 rows per block, whatever
+// ATTNLAB_CUDA_FLASH_ROWS says: tested on the warp emulator, not yet timed on a GPU.
+int flash_block_warps() {
+  const char* choice = std::getenv("ATTNLAB_CUDA_FLASH_WARPS");
+  return choice != nullptr && std::string_view(choice) == "8" ? 8 : 4;
+}
+
 // grad_output read by the flash backward: unit column stride, 16-byte-aligned rows.
 bool aligned_rows(const MatrixOperand& op, int dims) {
   constexpr int64_t kVector = 8;  // half-precision elements in 16 bytes
@@ -129,7 +137,7 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
             return sdpa_forward_flash<T, kHead>(
                 p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
                 need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr,
-                flash_rows_per_warp(kHead), stream);
+                flash_rows_per_warp(kHead), flash_block_warps(), stream);
           }
           return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
                                                     lse.data_ptr<float>(), stream);

@@ -59,11 +59,18 @@ struct FlashTiles {
 // The forward's: each warp owns kRowsPerWarp query rows (16: its Q fragments stay in
 // registers; 32: twice the products per K and V fragment loaded, Q fragments reloaded from
 // shared memory at each k-step, as FlashAttention-2 does), so a block owns 4·kRowsPerWarp rows.
-template <int kHead, int kRowsPerWarp>
+// kBlockWarps warps (4, or 8 with 16 rows each: 128 query rows per block, so that each K and V
+// tile copied serves twice the rows without the register spills of 32 rows per warp; what the
+// first GPU profile pointed to at D = 128, not yet run on a GPU).
+template <int kHead, int kRowsPerWarp, int kBlockWarps = 4>
 struct FlashForwardTiles : FlashTiles<kHead> {
   static_assert(kRowsPerWarp == 16 || kRowsPerWarp == 32, "16 or 32 rows per warp");
+  static_assert(kBlockWarps == 4 || (kBlockWarps == 8 && kRowsPerWarp == 16),
+                "4 warps, or 8 of 16 rows");
+  static constexpr int kWarps = kBlockWarps;
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kMTiles = kRowsPerWarp / 16;  // 16-row fragments per warp
-  static constexpr int kBlockM = 4 * kRowsPerWarp;   // query rows per block
+  static constexpr int kBlockM = kWarps * kRowsPerWarp;  // query rows per block
   static constexpr int kQTileBytes = kBlockM * kHead * 2;
   // Q (reused to stage the output), then two K and two V buffers: at D = 64 40 KiB (16 rows per
   // warp) or 48 KiB (32), at D = 128 80 or 96 KiB (above the default 48 KiB: the launcher opts
@@ -87,16 +94,16 @@ struct alignas(16) Chunk16 {
 };
 
 // Starts copying rows [row0, row0 + kRows) of a [len, kHead] matrix (unit column stride,
-// 16-byte aligned rows) into a swizzled tile; rows at or past len become zeros. All threads of
-// the block call it.
-template <typename T, int kHead, int kRows = 64>
+// 16-byte aligned rows) into a swizzled tile; rows at or past len become zeros. All kThreads
+// threads of the block call it.
+template <typename T, int kHead, int kRows = 64, int kThreads = FlashTiles<kHead>::kThreads>
 ATTNLAB_DEVICE void copy_tile_async(unsigned char* tile, const T* base, int64_t row_stride,
                                     int64_t row0, int64_t len) {
   using Tiles = FlashTiles<kHead>;
-  static_assert(kRows * Tiles::kChunks % Tiles::kThreads == 0);
+  static_assert(kRows * Tiles::kChunks % kThreads == 0);
 #pragma unroll
-  for (int i = 0; i < kRows * Tiles::kChunks / Tiles::kThreads; ++i) {
-    const int idx = thread_index() + i * Tiles::kThreads;
+  for (int i = 0; i < kRows * Tiles::kChunks / kThreads; ++i) {
+    const int idx = thread_index() + i * kThreads;
     const int r = idx / Tiles::kChunks, c = idx % Tiles::kChunks;
     const bool valid = row0 + r < len;
     const T* source = valid ? base + (row0 + r) * row_stride + c * 8 : base;
@@ -166,15 +173,16 @@ ATTNLAB_DEVICE void store_pair(unsigned char* tile, int row, int col, uint32_t p
 // kWeights: also writes the weights (non-null), in a kernel of its own: the pass compiled into
 // the one without weights changed its register allocation (ptxas, sm_90: 44 → 80 bytes spilled
 // at D = 64 with 32 rows per warp, the default there).
-template <typename T, int kHead, int kRowsPerWarp, bool kWeights = false>
-ATTNLAB_KERNEL(FlashTiles<kHead>::kThreads)
+template <typename T, int kHead, int kRowsPerWarp, bool kWeights = false, int kBlockWarps = 4>
+ATTNLAB_KERNEL((FlashForwardTiles<kHead, kRowsPerWarp, kBlockWarps>::kThreads))
 sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   // mma.sync m16n8k16 and cp.async need sm_80; ops.cpp launches this kernel only there.
   __trap();
 #else
-  using Tiles = FlashForwardTiles<kHead, kRowsPerWarp>;
+  using Tiles = FlashForwardTiles<kHead, kRowsPerWarp, kBlockWarps>;
   constexpr int kBlockM = Tiles::kBlockM, kBlockN = Tiles::kBlockN, kMT = Tiles::kMTiles;
+  constexpr int kThreads = Tiles::kThreads;
   constexpr bool kQInRegisters = kMT == 1;
   ATTNLAB_DYNAMIC_SHARED(shared);
   unsigned char* const q_tile = shared;
@@ -195,10 +203,14 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
   const int64_t n_tiles = (keys + kBlockN - 1) / kBlockN;
 
   // Copy groups, in order: (Q, K_0), V_0, then per tile K_{j+1} and V_{j+1} (empty at the end).
-  copy_tile_async<T, kHead, kBlockM>(q_tile, query, p.query.row_stride, i0, p.len_q);
-  if (n_tiles > 0) copy_tile_async<T, kHead>(k_tiles, key, p.key.row_stride, 0, p.len_k);
+  copy_tile_async<T, kHead, kBlockM, kThreads>(q_tile, query, p.query.row_stride, i0, p.len_q);
+  if (n_tiles > 0) {
+    copy_tile_async<T, kHead, 64, kThreads>(k_tiles, key, p.key.row_stride, 0, p.len_k);
+  }
   cp_async_commit();
-  if (n_tiles > 0) copy_tile_async<T, kHead>(v_tiles, value, p.value.row_stride, 0, p.len_k);
+  if (n_tiles > 0) {
+    copy_tile_async<T, kHead, 64, kThreads>(v_tiles, value, p.value.row_stride, 0, p.len_k);
+  }
   cp_async_commit();
 
   const float scale_log2 = p.scale * kLog2e;
@@ -237,8 +249,8 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
       }
     }
     if (tile + 1 < n_tiles) {
-      copy_tile_async<T, kHead>(k_tiles + (buffer ^ 1) * Tiles::kTileBytes, key,
-                                p.key.row_stride, j0 + kBlockN, p.len_k);
+      copy_tile_async<T, kHead, 64, kThreads>(k_tiles + (buffer ^ 1) * Tiles::kTileBytes, key,
+                                              p.key.row_stride, j0 + kBlockN, p.len_k);
     }
     cp_async_commit();
 
@@ -337,8 +349,8 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
     cp_async_wait<1>();  // this thread's V_tile copies have landed (K_{tile+1} may not have)
     block_sync();
     if (tile + 1 < n_tiles) {
-      copy_tile_async<T, kHead>(v_tiles + (buffer ^ 1) * Tiles::kTileBytes, value,
-                                p.value.row_stride, j0 + kBlockN, p.len_k);
+      copy_tile_async<T, kHead, 64, kThreads>(v_tiles + (buffer ^ 1) * Tiles::kTileBytes, value,
+                                              p.value.row_stride, j0 + kBlockN, p.len_k);
     }
     cp_async_commit();
 
@@ -428,7 +440,9 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
     }
     T* const weight_rows = weights + (b * p.len_q + i0) * p.len_k;  // row i0 of entry b
     const bool vector_rows = p.len_k % 8 == 0;  // 16-byte aligned rows
-    if (n_tiles > 0) copy_tile_async<T, kHead>(k_tiles, key, p.key.row_stride, 0, p.len_k);
+    if (n_tiles > 0) {
+      copy_tile_async<T, kHead, 64, kThreads>(k_tiles, key, p.key.row_stride, 0, p.len_k);
+    }
     cp_async_commit();
     for (int64_t tile = 0; tile < n_tiles; ++tile) {
       const int buffer = static_cast<int>(tile & 1);
@@ -436,8 +450,8 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
       cp_async_wait<0>();  // this thread's K_tile copies have landed
       block_sync();        // everyone's have; everyone is done with the other buffer and P
       if (tile + 1 < n_tiles) {
-        copy_tile_async<T, kHead>(k_tiles + (buffer ^ 1) * Tiles::kTileBytes, key,
-                                  p.key.row_stride, j0 + kBlockN, p.len_k);
+        copy_tile_async<T, kHead, 64, kThreads>(k_tiles + (buffer ^ 1) * Tiles::kTileBytes,
+                                                key, p.key.row_stride, j0 + kBlockN, p.len_k);
       }
       cp_async_commit();
       const unsigned char* k_tile = k_tiles + buffer * Tiles::kTileBytes;
@@ -786,23 +800,27 @@ flash_grad_query_kernel(const float* accum, float scale, int64_t count, T* grad_
 
 namespace attnlab::cuda {
 
-template <typename T, int kHead, int kRowsPerWarp>
+template <typename T, int kHead, int kRowsPerWarp, int kBlockWarps = 4>
 void launch_flash_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
                           cudaStream_t stream) {
-  using Tiles = detail::FlashForwardTiles<kHead, kRowsPerWarp>;
+  using Tiles = detail::FlashForwardTiles<kHead, kRowsPerWarp, kBlockWarps>;
   const int64_t blocks = p.batch * detail::ceil_div(p.len_q, Tiles::kBlockM);
   if (weights != nullptr) {
-    return detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, true>, blocks,
-                          Tiles::kThreads, Tiles::kSharedBytes, stream, p, output, logsumexp,
-                          weights);
+    return detail::launch(
+        detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, true, kBlockWarps>, blocks,
+        Tiles::kThreads, Tiles::kSharedBytes, stream, p, output, logsumexp, weights);
   }
-  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, false>, blocks,
-                 Tiles::kThreads, Tiles::kSharedBytes, stream, p, output, logsumexp, weights);
+  detail::launch(detail::sdpa_flash_forward_kernel<T, kHead, kRowsPerWarp, false, kBlockWarps>,
+                 blocks, Tiles::kThreads, Tiles::kSharedBytes, stream, p, output, logsumexp,
+                 weights);
 }
 
 template <typename T, int kHead>
 void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
-                        int rows_per_warp, cudaStream_t stream) {
+                        int rows_per_warp, int block_warps, cudaStream_t stream) {
+  if (block_warps == 8) {
+    return launch_flash_forward<T, kHead, 16, 8>(p, output, logsumexp, weights, stream);
+  }
   if (rows_per_warp == 32) {
     return launch_flash_forward<T, kHead, 32>(p, output, logsumexp, weights, stream);
   }
@@ -830,7 +848,7 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
 
 #define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                               \
   namespace attnlab::cuda {                                                                    \
-  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, T*, int,          \
+  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, T*, int, int,     \
                                              cudaStream_t);                                    \
   template void sdpa_backward_flash<T, kHead>(const SdpaProblem&, const MatrixOperand&,        \
                                               const T*, const float*, float*, float*, T*, T*,  \

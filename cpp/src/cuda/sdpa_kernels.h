@@ -26,11 +26,12 @@ void sdpa_forward_tensor_core(const SdpaProblem& p, T* output, float* logsumexp,
                               cudaStream_t stream);
 
 // The same conditions, on the FlashAttention-2-style kernel (mma.sync, ldmatrix, cp.async;
-// sm_80+): the default tensor-core forward. rows_per_warp: 16 or 32 query rows per warp.
+// sm_80+): the default tensor-core forward. rows_per_warp: 16 or 32 query rows per warp, in
+// blocks of 4 warps; block_warps = 8: blocks of 8 warps of 16 rows (rows_per_warp ignored).
 // weights (may be null): as sdpa_forward's, written by a second pass over the keys.
 template <typename T, int kHead>
 void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
-                        int rows_per_warp, cudaStream_t stream);
+                        int rows_per_warp, int block_warps, cudaStream_t stream);
 
 // The backward on tensor cores under the same conditions (grad_output too: unit column stride,
 // 16-byte-aligned rows); outputs as sdpa_backward's, without grad_mask. grad_query_accum is

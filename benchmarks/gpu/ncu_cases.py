@@ -36,6 +36,7 @@ class Case:
     causal: bool = False
     need_weights: bool = False
     torch_backend: str | None = None  # None: attnlab; else torch's SDPA backend forced
+    env: tuple = ()      # (name, value) pairs set before the call: attnlab's kernel switches
 
 
 CASES = {
@@ -62,6 +63,14 @@ CASES = {
                          "float32", (4, 32, 2048, 64), backward=True),
     "weights-fwd-d64": Case("attnlab forward with weights, bfloat16, D 64", "sdpa_forward_kernel",
                             "bfloat16", (2, 16, 4096, 64), need_weights=True),
+    # Prepared without a GPU (off by default, see benchmarks/gpu/README.md):
+    "flash-fwd-d128-8warps": Case("attnlab flash forward, D 128, 8 warps of 16 rows",
+                                  "sdpa_flash_forward_kernel", "bfloat16", (4, 16, 4096, 128),
+                                  env=(("ATTNLAB_CUDA_FLASH_WARPS", "8"),)),
+    "flash-weights-fwd-d64": Case("attnlab flash forward with weights, bfloat16, D 64",
+                                  "sdpa_flash_forward_kernel", "bfloat16", (2, 16, 4096, 64),
+                                  need_weights=True,
+                                  env=(("ATTNLAB_CUDA_FLASH_WEIGHTS", "1"),)),
 }
 
 # Sections of the details page, and the warp-stall ratios (cycles a warp spends stalled for
@@ -93,6 +102,7 @@ def run_case(name: str) -> None:
     import attnlab
 
     case = CASES[name]
+    os.environ.update(dict(case.env))
     dtype = getattr(torch, case.dtype)
     torch.manual_seed(0)
     q, k, v = (torch.randn(*case.shape, device="cuda", dtype=dtype,

@@ -377,6 +377,7 @@ std::vector<FlashCase> cases_for_head(int head) {
       {{1}, 1, 1, false},                      // one query, one key
       {{1}, 65, 129, false, 24, false, -0.5},  // strided rows, negative scale
       {{2}, 9, 0, false},                      // no keys: zeros and lse −inf
+      {{1}, 200, 256, true},                   // causal tiles past a block's rows, rows of 16 B
   };
   if (head == 128) cases.resize(5);  // the same code at a wider head: fewer cases
   return cases;

@@ -522,14 +522,24 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
         }
       }
     }
-    // Keys past the tiles above: hidden from every row of the block (causal).
+    // Keys past the tiles above: hidden from every row of the block (causal). In 16-byte
+    // chunks where the rows allow it (zero_from is a multiple of 64 keys).
     const int64_t zero_from = n_tiles * kBlockN;
     if (zero_from < p.len_k) {
       const int64_t rows = p.len_q - i0 < kBlockM ? p.len_q - i0 : kBlockM;
       const int64_t width = p.len_k - zero_from;
-      const T zero = T(0.f);
-      for (int64_t idx = tid; idx < rows * width; idx += Tiles::kThreads) {
-        weight_rows[(idx / width) * p.len_k + zero_from + idx % width] = zero;
+      if (vector_rows) {
+        const int64_t chunks = width / 8;
+        const Chunk16 zeros{};
+        for (int64_t idx = tid; idx < rows * chunks; idx += Tiles::kThreads) {
+          *reinterpret_cast<Chunk16*>(weight_rows + (idx / chunks) * p.len_k + zero_from +
+                                      (idx % chunks) * 8) = zeros;
+        }
+      } else {
+        const T zero = T(0.f);
+        for (int64_t idx = tid; idx < rows * width; idx += Tiles::kThreads) {
+          weight_rows[(idx / width) * p.len_k + zero_from + idx % width] = zero;
+        }
       }
     }
   }  // kWeights

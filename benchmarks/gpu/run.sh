@@ -30,7 +30,9 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                     bench-extra  benchmarks/attention_cuda.py --tables weights memory
                     flash-weights  need_weights on the flash forward (ATTNLAB_CUDA_FLASH_WEIGHTS=1,
                                  off by default until it passes here): the CUDA weights tests,
-                                 then the weights table -> bench-flash-weights.md
+                                 400 fuzz examples, then the weights table -> bench-flash-weights.md
+                    flash-warps  the flash forward in 8-warp blocks (ATTNLAB_CUDA_FLASH_WARPS=8,
+                                 off by default): the half-precision and flash CUDA tests
                     ncu          Nsight Compute profiles of the kernels that miss their speed
                                  targets, beside torch's (benchmarks/gpu/ncu_cases.py) -> ncu.md
                     experiments  every experiment's --fast run (and reverse in full) on CUDA
@@ -66,7 +68,7 @@ EOF
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 
-ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra flash-weights ncu experiments anomaly)
+ALL_PHASES=(build env tests fuzz memcheck+racecheck cpu-amx bench-speed bench-extra flash-weights flash-warps ncu experiments anomaly)
 OUTDIR="" PHASES="all" QUICK=0 DRY=0 BACKGROUND=0 PACK="" PY=${PYTHON:-python3} BUDGET="" CORE=""
 while (($#)); do
   case $1 in
@@ -99,7 +101,7 @@ expand() {
     all) echo "${ALL_PHASES[@]}" ;;
     sanitize) echo "memcheck+racecheck" ;;
     bench) echo "bench-speed bench-extra" ;;
-    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|flash-weights|ncu|experiments|anomaly) echo "$1" ;;
+    build|env|tests|fuzz|memcheck|racecheck|cpu-amx|bench-speed|bench-extra|flash-weights|flash-warps|ncu|experiments|anomaly) echo "$1" ;;
     *) echo "run.sh: unknown phase '$1' (see --help)" >&2; return 2 ;;
   esac
 }
@@ -357,6 +359,15 @@ phase_flash_weights() {  # the flash forward's weights pass, opt-in until it has
        --junitxml="$OUTDIR/flash-weights.junit.xml"
   rc=$?
   NOTE="tests with ATTNLAB_CUDA_FLASH_WEIGHTS=1: $(pytest_tally "$log")"
+  local examples=400
+  ((QUICK)) && examples=100
+  step "$log" env ATTNLAB_CUDA_FLASH_WEIGHTS=1 ATTNLAB_CUDA_FUZZ_EXAMPLES=$examples \
+       ATTNLAB_CUDA_FUZZ_TRACE="$OUTDIR/flash-weights-fuzz-last-case.txt" "$PY" -m pytest \
+       tests/python/test_cuda_vs_cpu_properties.py -k "not checks_run_on_cpu" -rs \
+       -p no:cacheprovider -o faulthandler_timeout=300
+  local fuzz_rc=$?
+  NOTE="$NOTE; fuzz ($examples examples): $(pytest_tally "$log")"
+  ((rc == 0)) && rc=$fuzz_rc
   budget=$((PHASE_DEADLINE - $(now) - 45))
   ((DRY)) && budget=$(($(default_timeout flash-weights) - 45))
   local args=(--tables weights)
@@ -367,6 +378,17 @@ phase_flash_weights() {  # the flash forward's weights pass, opt-in until it has
   ((DRY)) && return 0
   NOTE="$NOTE; bench-flash-weights.md: $(grep -ac '| met' "$OUTDIR/bench-flash-weights.md" 2>/dev/null) met, $(grep -ac '| MISSED' "$OUTDIR/bench-flash-weights.md" 2>/dev/null) MISSED"
   ((rc == 0)) && rc=$bench_rc
+  return "$rc"
+}
+
+phase_flash_warps() {  # the flash forward in 8-warp blocks, opt-in until it has passed here
+  local log=$1 rc
+  step "$log" env ATTNLAB_CUDA_FLASH_WARPS=8 "$PY" -m pytest tests/python/test_attention_cuda.py \
+       -k "half or flash" -v -rs -p no:cacheprovider -o faulthandler_timeout=300 \
+       --junitxml="$OUTDIR/flash-warps.junit.xml"
+  rc=$?
+  NOTE="tests with ATTNLAB_CUDA_FLASH_WARPS=8: $(pytest_tally "$log")"
+  if ((rc == 0 && !DRY)) && grep -aq '^SKIPPED' "$log"; then NOTE="$NOTE (skips: see the log)"; return 1; fi
   return "$rc"
 }
 
@@ -598,6 +620,7 @@ run_phase() {
     bench-speed) phase_bench "$log" speed ;;
     bench-extra) phase_bench "$log" extra ;;
     flash-weights) phase_flash_weights "$log" ;;
+    flash-warps) phase_flash_warps "$log" ;;
     ncu) phase_ncu "$log" ;;
     experiments) phase_experiments "$log" ;;
     anomaly) phase_anomaly "$log" ;;

@@ -170,6 +170,45 @@ ATTNLAB_DEVICE void store_pair(unsigned char* tile, int row, int col, uint32_t p
   *reinterpret_cast<uint32_t*>(tile + swizzled<kCols>(row, col / 8) + (col % 8) * 2) = pair;
 }
 
+// S = Q·Kᵀ of a warp's kMT fragments of 16 query rows (from row0) against a 64-key tile: per
+// fragment, 8 tiles of 16 × 8, two per ldmatrix of K. Q's fragments come from q_registers
+// (kQInRegisters: one fragment, loaded once) or from the swizzled Q tile at every k-step.
+template <typename T, int kHead, int kMT, bool kQInRegisters>
+ATTNLAB_DEVICE void score_tile(
+    float (&s)[kMT][FlashTiles<kHead>::kSTiles][4],
+    const uint32_t (&q_registers)[kQInRegisters ? FlashTiles<kHead>::kKSteps : 1][4],
+    const unsigned char* q_tile, const unsigned char* k_tile, int row0, int lane) {
+  using Tiles = FlashTiles<kHead>;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt) {
+#pragma unroll
+    for (int n = 0; n < Tiles::kSTiles; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
+    uint32_t qa[kMT][4];
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      if constexpr (kQInRegisters) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) qa[mt][r] = q_registers[ks][r];
+      } else {
+        load_a<kHead>(qa[mt], q_tile, row0 + mt * 16, ks, lane);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
+      uint32_t kb[4];
+      load_b_of_rows<kHead>(kb, k_tile, np * 16, ks, lane);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt) mma_pair<T>(s[mt][2 * np], s[mt][2 * np + 1], qa[mt], kb);
+    }
+  }
+}
+
 // kWeights: also writes the weights (non-null), in a kernel of its own: the pass compiled into
 // the one without weights changed its register allocation (ptxas, sm_90: 44 → 80 bytes spilled
 // at D = 64 with 32 rows per warp, the default there).
@@ -254,37 +293,10 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
     }
     cp_async_commit();
 
-    // S = Q·Kᵀ: per fragment, 8 tiles of 16 × 8, two per ldmatrix of K.
+    // S = Q·Kᵀ
     const unsigned char* k_tile = k_tiles + buffer * Tiles::kTileBytes;
     float s[kMT][Tiles::kSTiles][4];
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-      for (int n = 0; n < Tiles::kSTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
-      uint32_t qa[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-        if constexpr (kQInRegisters) {
-#pragma unroll
-          for (int r = 0; r < 4; ++r) qa[mt][r] = q_registers[ks][r];
-        } else {
-          load_a<kHead>(qa[mt], q_tile, row0 + mt * 16, ks, lane);
-        }
-      }
-#pragma unroll
-      for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
-        uint32_t kb[4];
-        load_b_of_rows<kHead>(kb, k_tile, np * 16, ks, lane);
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) mma_pair<T>(s[mt][2 * np], s[mt][2 * np + 1], qa[mt], kb);
-      }
-    }
+    score_tile<T, kHead, kMT, kQInRegisters>(s, q_registers, q_tile, k_tile, row0, lane);
 
     // Scale (before masking: a negative scale must not turn −inf into +inf), then hide the
     // keys past len_k and, under the causal mask, those after the row.
@@ -456,34 +468,7 @@ sdpa_flash_forward_kernel(SdpaProblem p, T* output, float* logsumexp, T* weights
       cp_async_commit();
       const unsigned char* k_tile = k_tiles + buffer * Tiles::kTileBytes;
       float s[kMT][Tiles::kSTiles][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt) {
-#pragma unroll
-        for (int n = 0; n < Tiles::kSTiles; ++n) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mt][n][e] = 0.f;
-        }
-      }
-#pragma unroll
-      for (int ks = 0; ks < Tiles::kKSteps; ++ks) {
-        uint32_t qa[kMT][4];
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) {
-          if constexpr (kQInRegisters) {
-#pragma unroll
-            for (int r = 0; r < 4; ++r) qa[mt][r] = q_registers[ks][r];
-          } else {
-            load_a<kHead>(qa[mt], q_tile, row0 + mt * 16, ks, lane);
-          }
-        }
-#pragma unroll
-        for (int np = 0; np < Tiles::kSTiles / 2; ++np) {
-          uint32_t kb[4];
-          load_b_of_rows<kHead>(kb, k_tile, np * 16, ks, lane);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) mma_pair<T>(s[mt][2 * np], s[mt][2 * np + 1], qa[mt], kb);
-        }
-      }
+      score_tile<T, kHead, kMT, kQInRegisters>(s, q_registers, q_tile, k_tile, row0, lane);
 #pragma unroll
       for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll

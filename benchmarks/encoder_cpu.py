@@ -10,6 +10,12 @@ rounds as the two layers; and attnlab's time as a multiple of it. And the bound 
 same products' FLOPs at the CPU's float32 FMA peak (a register-only probe of attnlab's, once
 per thread count).
 
+"operators alone" is attnlab's fused forward and backward operators called one after the
+other, without the module, autograd or the `.grad` additions, also as a multiple of the floor:
+what the layer's own kernels cost. The difference to the EncoderBlock column is what torch's
+autograd engine and the Python around it cost per step, which the floor's bare products do not
+pay (benchmarks/autograd_overhead_cpu.py measures that cost on its own).
+
     python benchmarks/encoder_cpu.py [--min-run-time 1.0] [--rounds 10]
 """
 
@@ -96,25 +102,33 @@ def main(argv=None):
 
             def run(block):
                 return lambda: block(x).backward(grad)
+
+            def operators_alone(x=x.detach(), params=[p.detach() for p in ours._fused_parameters()],
+                                heads=H):
+                out, activations = torch.ops.attnlab._encoder_block_forward(
+                    x, params, heads, None, False, 1e-5, 1e-5)
+                return torch.ops.attnlab._encoder_block_backward(
+                    grad, x, params, heads, None, False, activations, True)
             torch.set_num_threads(threads)
             # The floor in the same alternating rounds as the layers: timed apart, a slow spell
             # of the machine between them moved the ratio (1.31 and 1.50 in two runs an hour
             # apart on the 2-vCPU Intel Xeon).
             floors = [gemm_floor(B, L, d, d_ff, mm) for mm in products.values()]
-            t_ours, t_plain, *t_floors = compare(
-                [run(ours), run(plain), *floors], args.min_run_time,
+            t_ours, t_plain, t_ops, *t_floors = compare(
+                [run(ours), run(plain), operators_alone, *floors], args.min_run_time,
                 rounds=args.rounds, num_threads=threads)
             floor = min(t_floors)
             rows.append([f"({B}, {L}, {d}, {H}, {d_ff})", threads, f"{t_ours * 1e3:.3f}",
                          f"{t_plain * 1e3:.3f}", f"{t_plain / t_ours:.2f}",
                          f"{floor * 1e3:.3f} ({names[t_floors.index(floor)]})",
-                         f"{t_ours / floor:.2f}",
+                         f"{t_ours / floor:.2f}", f"{t_ops / floor:.2f}",
                          f"{gemm_flops(B, L, d, d_ff) / peak / 1e6:.3f}" if peak else ""])
     torch.set_num_threads(max(args.threads))
     print("One encoder layer, forward+backward, float32 (ms, median; GEMM floor: the layer's "
           "mandatory matrix products alone, by the faster of the GEMMs named)\n")
     print(markdown_table(["(B, L, d, H, d_ff)", "threads", "attnlab EncoderBlock",
                           "plain torch ops", "ratio", "GEMM floor", "attnlab / floor",
+                          "operators alone / floor",
                           "GEMM FLOPs at FMA peak"], rows))
 
 

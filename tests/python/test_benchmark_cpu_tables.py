@@ -78,7 +78,8 @@ def test_encoder_table(monkeypatch, capsys):
     finally:
         torch.set_num_threads(threads)
     (header, rows), = parse_tables(capsys.readouterr().out)
-    assert header[-3:] == ["GEMM floor", "attnlab / floor", "GEMM FLOPs at FMA peak"]
+    assert header[-4:] == ["GEMM floor", "attnlab / floor", "operators alone / floor",
+                           "GEMM FLOPs at FMA peak"]
     (row,) = rows
     assert row[0] == str(shape) and row[1] == "1"
     ours, plain = float(row[2]), float(row[3])
@@ -86,9 +87,30 @@ def test_encoder_table(monkeypatch, capsys):
     floor, by = re.fullmatch(r"([\d.]+) \((torch\.mm|attnlab)\)", row[5]).groups()
     assert by in (["torch.mm", "attnlab"] if HAS_OWN_GEMM else ["torch.mm"])
     assert matches_rounded(float(row[6]), ours, float(floor))
+    assert float(row[7]) > 0  # the operators' time over the same floor
     # 3 products per Linear: 2·rows·fan_in·fan_out FLOPs each.
     B, L, d, _, d_ff = shape
     assert encoder_cpu.gemm_flops(*shape[:3], d_ff) == 3 * 2 * B * L * (
         d * 3 * d + d * d + d * d_ff + d_ff * d)
-    if row[7]:
-        assert float(row[7]) > 0
+    if row[8]:
+        assert float(row[8]) > 0
+
+
+def test_autograd_overhead_tables(capsys):
+    import autograd_overhead_cpu
+    threads = torch.get_num_threads()
+    try:
+        autograd_overhead_cpu.main(["--footprints", "0", "1", "--min-run-time", "0.02",
+                                    "--rounds", "1", "--shape", "4", "6", "32", "2", "48"])
+    finally:
+        torch.set_num_threads(threads)
+    (header, rows), (step_header, step_rows) = parse_tables(capsys.readouterr().out)
+    assert header == ["MiB streamed each way", "direct", "through autograd", "autograd"]
+    assert [row[0] for row in rows] == ["0", "1"]
+    for row in rows:
+        direct, through, overhead = (float(c) for c in row[1:])
+        assert overhead == pytest.approx(through - direct, abs=0.11)
+    assert step_header[:2] == ["operators alone", "training step"]
+    (row,) = step_rows
+    ops, step, overhead = (float(c) for c in row)
+    assert overhead == pytest.approx((step - ops) * 1e3, abs=1.0)

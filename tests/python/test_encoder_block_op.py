@@ -47,7 +47,9 @@ def masks(batch, heads, length):
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-@pytest.mark.parametrize("heads,dim", [(1, 8), (2, 12), (4, 16)])
+# (2, 128): heads of 64 features in the token rows, where the small kernels prefetch each
+# next batch entry's rows.
+@pytest.mark.parametrize("heads,dim", [(1, 8), (2, 12), (4, 16), (2, 128)])
 @pytest.mark.parametrize("mask_kind", list(masks(1, 1, 1)))
 def test_matches_tutorial_equations_with_gradients(norm_first, heads, dim, mask_kind):
     batch, length = 3, 6

@@ -23,6 +23,7 @@ import torch
 
 from attnlab.nn import EncoderBlock
 from common import compare, machine_description, markdown_table
+from encoder_cpu import fused_operators
 
 # The set-anomaly shape of the UvA tutorial (B, L, d, H, d_ff), as in encoder_cpu.py.
 ANOMALY = (64, 10, 256, 4, 512)
@@ -62,21 +63,13 @@ def standin(block, x, grad, megabytes):
 def layer_step(block, x, grad):
     """(operators alone, training step) for the fused EncoderBlock."""
     params = list(block._fused_parameters())
-    detached = [p.detach() for p in params]
-    heads = block.self_attn.num_heads
-
-    def operators():
-        out, activations = torch.ops.attnlab._encoder_block_forward(
-            x.detach(), detached, heads, None, False, 1e-5, 1e-5)
-        return torch.ops.attnlab._encoder_block_backward(
-            grad, x.detach(), detached, heads, None, False, activations, True)
 
     def step():
         for p in params:
             p.grad = None
         x.grad = None
         block(x).backward(grad)
-    return operators, step
+    return fused_operators(block, x, grad), step
 
 
 def main(argv=None):

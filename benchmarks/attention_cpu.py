@@ -15,7 +15,7 @@ Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 
     python benchmarks/attention_cpu.py [--min-run-time 0.5] [--rounds 5]
                                        [--dtypes float32 bfloat16 float16]
-                                       [--skip-weights] [--skip-memory]
+                                       [--skip-weights] [--skip-memory] [--json PATH]
 """
 
 import argparse
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 import attnlab
-from common import (compare, float32_gemms, fma_peak_gflops, machine_description,
-                    markdown_table, peak_rss_mib, runner, sgemm_gflops)
+from common import (Report, add_json_argument, compare, float32_gemms, fma_peak_gflops,
+                    machine_description, peak_rss_mib, runner, sgemm_gflops)
 
 SHAPES = [(128, 1, 16, 32), (64, 4, 10, 64), (8, 8, 512, 64), (2, 8, 2048, 64)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -156,36 +156,40 @@ def main(argv=None):
                         help="dtypes of the attnlab vs torch SDPA tables (default: all three)")
     parser.add_argument("--skip-weights", action="store_true", help="skip the need_weights table")
     parser.add_argument("--skip-memory", action="store_true", help="skip the L = 8192 memory probe")
+    add_json_argument(parser)
     args = parser.parse_args(argv)
+    report = Report("attention_cpu", argv)
 
     print(f"Machine: {machine_description()}\n")
     fma_peak = fma_peak_gflops()
-    print(f"float32 FMA peak (registers only, all {torch.get_num_threads()} threads): "
-          f"{fma_peak:.0f} GFLOP/s")
+    report.note(f"float32 FMA peak (registers only, all {torch.get_num_threads()} threads): "
+                f"{fma_peak:.0f} GFLOP/s")
     rates = ", ".join(f"{name} {gflops:.0f}" for name, gflops in sgemm_gflops(
         args.min_run_time, GEMM_SIZE).items())
-    print(f"float32 GEMM rates at the start of this run ({GEMM_SIZE}², median, GFLOP/s): "
-          f"{rates}; each row's % of the GEMM rate uses the faster of them as timed in that "
-          "row's own rounds\n")
+    report.note(f"float32 GEMM rates at the start of this run ({GEMM_SIZE}², median, GFLOP/s): "
+                f"{rates}; each row's % of the GEMM rate uses the faster of them as timed in "
+                "that row's own rounds\n")
     for name in args.dtypes:
         rows = speed_table(DTYPES[name], args.min_run_time, name == "float32", args.rounds,
                            fma_peak)
-        print(f"attnlab vs torch.nn.functional.scaled_dot_product_attention ({name}, ms, "
-              "median)\n")
         header = ["(B, H, L, E)", "causal", "pass", "attnlab", "torch SDPA", "ratio"]
-        print(markdown_table(
-            header + (["% of GEMM rate", "% of FMA peak"] if name == "float32" else []), rows))
-        print()
+        report.table(name, f"attnlab vs torch.nn.functional.scaled_dot_product_attention "
+                           f"({name}, ms, median)",
+                     header + (["% of GEMM rate", "% of FMA peak"] if name == "float32" else []),
+                     rows)
     if not args.skip_weights:
-        print("attnlab need_weights=True vs without weights and vs matmul → softmax → matmul "
-              "(float32, ms, median)\n")
-        print(markdown_table(["(B, H, L, E)", "causal", "pass", "attnlab + weights",
-                              "attnlab", "plain", "cost of weights", "vs plain"],
-                             weights_table(args.min_run_time, args.rounds)))
+        report.table("weights", "attnlab need_weights=True vs without weights and vs matmul → "
+                                "softmax → matmul (float32, ms, median)",
+                     ["(B, H, L, E)", "causal", "pass", "attnlab + weights", "attnlab", "plain",
+                      "cost of weights", "vs plain"],
+                     weights_table(args.min_run_time, args.rounds))
     if not args.skip_memory:
-        print("\nPeak extra memory of one forward+backward after a warm-up run, (1, 1, L, 64), "
-              "no weights (MiB, growth of peak RSS; the output and the three gradients alone are 8 MiB)\n")
-        print(markdown_table(["implementation", "L", "extra MiB"], memory_table()))
+        report.table("memory", "Peak extra memory of one forward+backward after a warm-up run, "
+                               "(1, 1, L, 64), no weights (MiB, growth of peak RSS; the output "
+                               "and the three gradients alone are 8 MiB)",
+                     ["implementation", "L", "extra MiB"], memory_table())
+    if args.json:
+        report.save(args.json)
 
 
 if __name__ == "__main__":

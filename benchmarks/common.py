@@ -1,11 +1,15 @@
 """Shared timing and reporting helpers for the benchmark scripts."""
 
+import datetime
 import json
+import os
 import platform
 import random
+import shlex
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -76,14 +80,7 @@ def machine_description():
     """CPU model and ISA, threads, the versions of torch and attnlab, and where attnlab runs its
     vector kernels and bfloat16 products here: the header of every table. ATTNLAB_CPU_ISA=avx2
     (attnlab's AVX2 paths on an AVX-512 CPU) and ATEN_CPU_CAPABILITY (torch's) show there."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                cpu = line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return (f"{cpu} [{cpu_isa()}], {torch.get_num_threads()} threads, torch {torch.__version__} "
+    return (f"{cpu_model()} [{cpu_isa()}], {torch.get_num_threads()} threads, torch {torch.__version__} "
             f"(CPU capability {torch.backends.cpu.get_cpu_capability()}), "
             f"attnlab {attnlab.__version__} "
             f"(vector kernels: {attnlab.build_info()['cpu_vector_kernels']}, "
@@ -123,6 +120,122 @@ def sgemm_gflops(min_run_time=0.5, size=2048):
     gemms = float32_gemms(size)
     seconds = compare(list(gemms.values()), min_run_time)
     return {name: 2 * size ** 3 / t / 1e9 for name, t in zip(gemms, seconds)}
+
+
+def cpu_model():
+    """The CPU's model name as lscpu gives it (the platform's processor name where it cannot)."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            if line.startswith("Model name:"):
+                cpu = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return cpu
+
+
+def machine_class():
+    """The class of machine a CPU table stands for: "x86-avx512" where attnlab's vector kernels
+    run AVX-512 code, "x86-avx2" where they run AVX2 code (an AVX2-only CPU, or ATTNLAB_CPU_ISA=avx2
+    on an AVX-512 one, which machine_record says), else the processor's architecture."""
+    kernels = attnlab.build_info()["cpu_vector_kernels"]
+    if kernels in ("avx512", "avx2"):
+        return f"x86-{kernels}"
+    return platform.machine()
+
+
+def git_commit(benchmark=None):
+    """The commit of the checkout this script runs from (short hash, "+changes" when the library's
+    sources, the build or the benchmark's own code differ from it), or "unknown" outside a git
+    checkout."""
+    root = Path(__file__).resolve().parent.parent
+    sources = ["cpp", "python", "CMakeLists.txt", "benchmarks/common.py"]
+    if benchmark:
+        sources.append(f"benchmarks/{benchmark}.py")
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=10", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--",
+                                *sources]).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
+def machine_record():
+    """The machine a table was measured on, as a dict for the JSON results: the class
+    (machine_class), the CPU model and ISA, threads, the versions of Python, torch and attnlab,
+    and the code paths attnlab and torch take here."""
+    info = attnlab.build_info()
+    return {
+        "class": machine_class(),
+        "cpu": cpu_model(),
+        "isa": cpu_isa(),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "attnlab": attnlab.__version__,
+        "vector_kernels": info["cpu_vector_kernels"],
+        "bf16_products": info["cpu_bf16_products"],
+        "forced_isa": {name: os.environ[name] for name in
+                       ("ATTNLAB_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS",
+                        "ONEDNN_MAX_CPU_ISA") if name in os.environ},
+    }
+
+
+class Report:
+    """What a benchmark prints, kept for its machine-readable results: the tables and notes go
+    to stdout as markdown, and save() writes them, with the machine (machine_record, or what
+    the benchmark passes), the command, the commit and the date, as one JSON file. The docs'
+    tables are generated from those files (benchmarks/tables.py)."""
+
+    def __init__(self, benchmark, argv=None, machine=None):
+        argv = sys.argv[1:] if argv is None else list(argv)
+        shown = []
+        skip = False
+        for arg in argv:  # the command that reproduces the tables, without where they were saved
+            if skip:
+                skip = False
+            elif arg == "--json":
+                skip = True
+            elif not arg.startswith("--json="):
+                shown.append(arg)
+        self.record = {
+            "benchmark": benchmark,
+            "command": " ".join(["python3", f"benchmarks/{benchmark}.py", *map(shlex.quote, shown)]),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "commit": git_commit(benchmark),
+            "machine": machine if machine is not None else machine_record(),
+            "tables": [],
+            "notes": [],
+        }
+
+    def table(self, key, title, header, rows):
+        """Prints a titled markdown table and keeps it under key (a short name that the docs'
+        generator looks tables up by). Cells are kept as printed."""
+        print(f"{title}\n\n{markdown_table(header, rows)}\n", flush=True)
+        self.record["tables"].append({"key": key, "title": title, "header": list(header),
+                                      "rows": [[str(cell) for cell in row] for row in rows]})
+
+    def note(self, text):
+        """Prints a line (a verdict, a rate measured at the start) and keeps it."""
+        print(text, flush=True)
+        self.record["notes"].append(text)
+
+    def save(self, path):
+        """Writes the record as JSON to path (its folders made as needed)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.record, indent=1, ensure_ascii=False) + "\n")
+
+
+def add_json_argument(parser):
+    """The --json PATH option every benchmark takes."""
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help="also write the tables, the machine, the command, the commit and "
+                             "the date to PATH as JSON (the docs' tables are generated from "
+                             "such files: benchmarks/tables.py)")
 
 
 def markdown_table(header, rows):
@@ -186,3 +299,28 @@ def peak_rss_mib(script, args, env=None):
     if out.returncode != 0:
         raise RuntimeError(f"memory probe {' '.join(map(str, args))} failed:\n{out.stderr}")
     return json.loads(out.stdout)["extra_mib"]
+
+
+def gpu_machine_record():
+    """The GPU machine a CUDA table was measured on, as a dict for the JSON results: the class
+    ("gpu-" and the device's name in lower case with dashes for spaces, e.g.
+    "gpu-nvidia-h100-80gb-hbm3": the results of one kind of card share a folder), the device's
+    name, the NVIDIA driver (as nvidia-smi reports it), the CUDA release torch was built with, the
+    host CPU and torch's threads, and the versions of Python, torch and attnlab."""
+    name = torch.cuda.get_device_name()
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, check=True).stdout.split()[0]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        driver = "unknown"
+    return {
+        "class": "gpu-" + "-".join(name.lower().split()),
+        "gpu": name,
+        "driver": driver,
+        "cuda": torch.version.cuda,
+        "cpu": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "attnlab": attnlab.__version__,
+    }

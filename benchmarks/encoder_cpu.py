@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from attnlab.nn import EncoderBlock
-from common import (compare, float32_products, fma_peak_gflops, machine_description,
-                    markdown_table)
+from common import (Report, add_json_argument, compare, float32_products, fma_peak_gflops,
+                    machine_description)
 
 # (B, L, d, H, d_ff): the reversal and the set-anomaly shapes of the UvA tutorial.
 SHAPES = [(128, 16, 32, 1, 64), (64, 10, 256, 4, 512)]
@@ -102,7 +102,9 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, nargs="+",
                         default=sorted({1, torch.get_num_threads()}),
                         help="intra-op thread counts to measure (default: 1 and all)")
+    add_json_argument(parser)
     args = parser.parse_args(argv)
+    report = Report("encoder_cpu", argv)
     print(f"Machine: {machine_description()}\n")
     products = float32_products()
     names = list(products)
@@ -135,12 +137,14 @@ def main(argv=None):
                          f"{t_ours / floor:.2f}", f"{t_ops / floor:.2f}",
                          f"{gemm_flops(B, L, d, d_ff) / peak / 1e6:.3f}" if peak else ""])
     torch.set_num_threads(max(args.threads))
-    print("One encoder layer, forward+backward, float32 (ms, median; GEMM floor: the layer's "
-          "mandatory matrix products alone, by the faster of the GEMMs named)\n")
-    print(markdown_table(["(B, L, d, H, d_ff)", "threads", "attnlab EncoderBlock",
-                          "plain torch ops", "ratio", "GEMM floor", "attnlab / floor",
-                          "operators alone / floor",
-                          "GEMM FLOPs at FMA peak"], rows))
+    report.table("encoder", "One encoder layer, forward+backward, float32 (ms, median; GEMM "
+                            "floor: the layer's mandatory matrix products alone, by the faster "
+                            "of the GEMMs named)",
+                 ["(B, L, d, H, d_ff)", "threads", "attnlab EncoderBlock", "plain torch ops",
+                  "ratio", "GEMM floor", "attnlab / floor", "operators alone / floor",
+                  "GEMM FLOPs at FMA peak"], rows)
+    if args.json:
+        report.save(args.json)
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ import time
 import torch
 
 import attnlab
-from common import compare, machine_description, markdown_table, peak_rss_mib, runner
+from common import (Report, add_json_argument, compare, machine_description, peak_rss_mib,
+                    runner)
 
 try:
     import entmax
@@ -381,6 +382,7 @@ def parse_args(argv=None):
                              f"bisects, attnlab too)")
     parser.add_argument("--memory-length", type=int, default=8192,
                         help="L of the memory probe (default 8192; also measured at L/2)")
+    add_json_argument(parser)
     args = parser.parse_args(argv)
     if args.min_run_time <= 0:
         parser.error("--min-run-time must be positive")
@@ -395,29 +397,36 @@ def main(argv=None):
     """Runs the benchmark and prints its tables and verdicts."""
     args = parse_args(argv)
     require_entmax()
+    report = Report("sparse_attention_cpu", argv)
+    report.record["machine"]["entmax"] = entmax.__version__
     print(f"Machine: {machine_description()}; entmax {entmax.__version__}\n")
     records = measure(args.normalizers, args.alpha, args.min_run_time)
-    print("attnlab sparse attention vs the entmax package (scores → mapping → @ v), no weights "
-          "(float32, ms, median; ratio = entmax / attnlab; nonzero % = weights above 0)\n")
-    print(markdown_table(SPEED_HEADER, speed_rows(records)))
-    print("\nattnlab need_weights=True vs the entmax package path (float32, ms, median; "
-          "ratio = entmax / attnlab)\n")
-    print(markdown_table(WEIGHTS_HEADER, weights_rows(records)))
-    print("\nattnlab sparse vs attnlab softmax, no weights (float32, ms, median; ratio = sparse "
-          "/ softmax)\n")
-    print(markdown_table(SOFTMAX_HEADER, softmax_rows(records)))
+    report.table("entmax", "attnlab sparse attention vs the entmax package (scores → mapping → "
+                           "@ v), no weights (float32, ms, median; ratio = entmax / attnlab; "
+                           "nonzero % = weights above 0)",
+                 SPEED_HEADER, speed_rows(records))
+    report.table("weights", "attnlab need_weights=True vs the entmax package path (float32, "
+                            "ms, median; ratio = entmax / attnlab)",
+                 WEIGHTS_HEADER, weights_rows(records))
+    report.table("softmax", "attnlab sparse vs attnlab softmax, no weights (float32, ms, "
+                            "median; ratio = sparse / softmax)",
+                 SOFTMAX_HEADER, softmax_rows(records))
     lines = speed_verdicts(records)
     if not args.skip_memory:
         length = args.memory_length
         rows = memory_rows(args.normalizers, args.alpha, length)
-        print(f"\nPeak extra memory of one forward+backward after a warm-up run, (1, 1, L, 64), "
-              f"no weights (MiB, growth of peak RSS; one L×E float32 tensor is "
-              f"{length * 64 * 4 / 2**20:g} MiB, the output and the three gradients alone are "
-              f"4 of them; the L×L matrix is {length * length * 4 / 2**20:g} MiB)\n")
-        print(markdown_table(MEMORY_HEADER, rows))
+        report.table("memory", f"Peak extra memory of one forward+backward after a warm-up "
+                               f"run, (1, 1, L, 64), no weights (MiB, growth of peak RSS; one "
+                               f"L×E float32 tensor is {length * 64 * 4 / 2**20:g} MiB, the "
+                               f"output and the three gradients alone are 4 of them; the L×L "
+                               f"matrix is {length * length * 4 / 2**20:g} MiB)",
+                     MEMORY_HEADER, rows)
         lines.append(memory_verdict(rows, length))
-    print("\nTargets\n")
-    print("\n".join(lines))
+    print("Targets\n")
+    for line in lines:
+        report.note(line)
+    if args.json:
+        report.save(args.json)
 
 
 if __name__ == "__main__":

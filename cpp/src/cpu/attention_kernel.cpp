@@ -577,7 +577,7 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
 // L2. In the anomaly-shape layer on an AMD Zen 5 (64 entries × 4 heads × 10 rows, 64
 // features): the attention's backward 1.34-1.46x and its forward 1.33-1.54x faster, the whole
 // step 1.014-1.035x (in-process A/B, 40-200 rounds). Where it is left off: heads in
-// contiguous rows (their next rows follow on, session 12 found no gain), and 32 features (the
+// contiguous rows (their next rows follow on, and measured no gain), and 32 features (the
 // reversal-shape layer 0.98x: too little work per head to hide the prefetches' cost).
 template <typename T>
 bool prefetch_next_task(const AttentionProblem<T>& p) {

@@ -3,8 +3,8 @@
 // calls, for regions whose parts cannot be handed out task by task (TaskRanges) because
 // smaller parts would cost more: the encoder block runs each thread's rows as a few large
 // GEMMs, and halving a thread's rows halves their height. The two vCPUs of the Intel Xeon host
-// took 0.74–1.75× each other's time for the same rows (100-call windows, 2026-11-29), changing
-// within seconds; a fixed even split waited for the slower one at every region's end. Hybrid
+// took 0.74–1.75× each other's time for the same rows (100-call windows of
+// benchmarks/encoder_cpu.py), changing within seconds; a fixed even split waited for the slower one at every region's end. Hybrid
 // CPUs (performance and efficiency cores) need the same.
 //
 // Only how much work each part gets changes, never what a row or column computes, so results

@@ -44,8 +44,8 @@ bool flash_weights_enabled() {
   return choice != nullptr && std::string_view(choice) == "1";
 }
 
-// Query rows per warp of the flash forward. Default by head size, from the first GPU run
-// (H200, torch 2.11, 2026-11-27, L = 2048 and 4096, same process): 32 rows at D = 64 (206-251
+// Query rows per warp of the flash forward. Default by head size, as benchmarks/attention_cuda.py
+// measured it on an NVIDIA H200 (torch 2.11, L = 2048 and 4096, same process): 32 rows at D = 64 (206-251
 // TFLOP/s in bfloat16 against 162-193 with 16 rows; twice the products per K and V fragment
 // loaded) and 16 rows at D = 128 (194-232 against 154-207 with 32 rows, which spill 520 bytes
 // of registers there: see sdpa_flash.cuh). ATTNLAB_CUDA_FLASH_ROWS=16 or 32, read at every

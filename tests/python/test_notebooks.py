@@ -1,56 +1,64 @@
-"""Every notebook runs from top to bottom in its small mode (nothing is written back), and every
-notebook is the one notebooks/make_notebooks.py writes: its cells are the generator's."""
+"""Every notebook has one source, notebooks/<name>.py in jupytext's percent format, and runs from
+top to bottom in its small mode (read into memory, nothing is written back). No .ipynb is
+committed: they are built from the sources, so there are no outputs to review or to go stale."""
 
-import importlib.util
+import shutil
+import subprocess
 from pathlib import Path
 
-import nbformat
+import jupytext
 import pytest
 from nbclient import NotebookClient
 
-FOLDER = Path(__file__).parents[2] / "notebooks"
-NOTEBOOKS = sorted(FOLDER.glob("*.ipynb"))
+REPO = Path(__file__).parents[2]
+FOLDER = REPO / "notebooks"
+NOTEBOOKS = sorted(FOLDER.glob("*.py"))
 
 
-def generator():
-    spec = importlib.util.spec_from_file_location("make_notebooks", FOLDER / "make_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def code_of(path: Path) -> str:
+    return "\n".join(c.source for c in jupytext.read(path).cells if c.cell_type == "code")
 
 
 def test_there_are_notebooks():
     assert NOTEBOOKS
 
 
-def test_one_generator_writes_every_notebook():
-    made = generator()
-    assert sorted(made.NOTEBOOKS) == sorted(path.stem for path in NOTEBOOKS)
-    assert sorted(FOLDER.glob("*.py")) == [FOLDER / "make_notebooks.py"]  # no second mechanism
-    for path in NOTEBOOKS:
-        committed = nbformat.read(path, as_version=4)
-        written = made.build(path.stem)
-        assert [(c.cell_type, c.source) for c in committed.cells] == \
-            [(c.cell_type, c.source) for c in written.cells], \
-            f"{path.name} differs from make_notebooks.py: run python notebooks/make_notebooks.py " \
-            f"{path.stem} --execute"
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_source_is_a_percent_notebook(path):
+    notebook = jupytext.read(path)
+    assert notebook.metadata["jupytext"]["text_representation"]["format_name"] == "percent"
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+    kinds = [cell.cell_type for cell in notebook.cells]
+    assert "markdown" in kinds and "code" in kinds, kinds
+
+
+def test_no_notebook_is_committed():
+    git = shutil.which("git")
+    if git is None:
+        pytest.skip("git is not installed")
+    inside = subprocess.run([git, "-C", str(REPO), "rev-parse", "--is-inside-work-tree"],
+                            capture_output=True, text=True)
+    # A copy of the sources without its .git (an sdist, an export) has no index to check.
+    if inside.returncode != 0 or inside.stdout.strip() != "true":
+        pytest.skip(f"{REPO} is not inside a git checkout: {inside.stderr.strip()}")
+    tracked = subprocess.run([git, "-C", str(REPO), "ls-files", "--", "notebooks/*.ipynb"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert not tracked, f"build these from the .py sources instead of committing them: {tracked}"
 
 
 def test_experiment_notebooks_run_the_tutorials_own_code():
-    made = generator()
     modules = {"reverse": "attnlab.tutorials.uvadl", "anomaly": "attnlab.tutorials.uvadl",
                "sparse_and": "attnlab.tutorials.neuromatch",
                "permutation": "attnlab.tutorials.permutation_lab", "text": "attnlab.tutorials.nyu"}
     for name, module in modules.items():
-        code = "\n".join(c.source for c in made.build(name).cells if c.cell_type == "code")
-        assert f"from {module} import" in code, name
+        assert f"from {module} import" in code_of(FOLDER / f"{name}.py"), name
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_in_small_mode(path, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_NOTEBOOK_SMALL", "1")
     monkeypatch.setenv("ATTNLAB_NOTEBOOK_OUT", str(tmp_path / "run"))
-    notebook = nbformat.read(path, as_version=4)
+    notebook = jupytext.read(path)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]

@@ -1,18 +1,23 @@
 """attnlab's CUDA attention against PyTorch's SDPA backends in the same process.
 
-Writes markdown tables (to stdout, and to --out FILE as each table completes):
+Writes markdown tables (to stdout, and to --out FILE as each table completes), and with
+--json PATH the same tables as JSON (benchmarks/common.py's Report: keys "backends", "half",
+"float32", "weights", "memory"; the docs' tables are generated from such files):
 
-  1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style kernels,
-     the same with the other number of query rows per warp in the forward than its default
-     for the head size (ATTNLAB_CUDA_FLASH_ROWS: 32 by default at D = 64, 16 at D = 128), the
-     same in blocks of 8 warps of 16 rows (ATTNLAB_CUDA_FLASH_WARPS=8), and its
-     earlier WMMA forward and generic backward, ATTNLAB_CUDA_FLASH=0) and of torch's flash,
-     efficient and cudnn backends, each forced with torch.nn.attention.sdpa_kernel; forward and
-     forward+backward.
-     Target from L = 2048: attnlab ≥ 0.8 × flash forward, ≥ 0.6 × flash forward+backward.
-  2. float32: attnlab against the efficient backend. Target from L = 2048: ≥ 1.0 ×.
-  3. need_weights=True against plain matmul → softmax → matmul, and against attnlab without
-     weights (ms). Targets at L = 4096: ≥ 3 × faster than plain, weights cost ≤ 1.5 ×.
+  1. bfloat16 and float16: TFLOP/s of attnlab (its default FlashAttention-2-style kernels, and
+     the same forward in blocks of 8 warps of 16 rows, ATTNLAB_CUDA_FLASH_WARPS=8, while that
+     is opt-in) and of torch's flash, efficient and cudnn backends, each forced with
+     torch.nn.attention.sdpa_kernel; forward and forward+backward, D = 64 and 128.
+     Target from L = 1024: attnlab ≥ 1.0 × torch's flash backend, forward and
+     forward+backward (attnlab / cudnn is shown too, without a target).
+  2. float32: attnlab against the efficient backend. Target from L = 1024: ≥ 1.0 ×.
+  3. need_weights=True (ms): attnlab with weights (its default kernels, and the flash forward's
+     own weights pass, ATTNLAB_CUDA_FLASH_WEIGHTS=1, while that is opt-in) against attnlab
+     without weights, and plain matmul → softmax → matmul for reference. Target, bfloat16
+     forward+backward at L = 2048–8192: with weights ≤ 1.2 × without. The forward with
+     weights is also set against the time of writing its L² weights at the memory bandwidth
+     of a large device-to-device copy measured in the same run (no target: how far from the
+     bound it is).
   4. Peak extra GPU memory of one forward+backward without weights, across L
      (torch.cuda.max_memory_allocated after a reset, minus what was allocated before): O(L).
 
@@ -22,13 +27,17 @@ B·L = 16k tokens and H·D = 2048. Times are medians of alternating rounds (ever
 implementation once per round) after warm-up, timed with CUDA events. The header names the
 GPU, torch, CUDA and the backend torch's SDPA picks by default.
 
-    python benchmarks/attention_cuda.py [--out results.md] [--tables half float32 weights memory]
+    python benchmarks/attention_cuda.py [--out results.md] [--json results.json]
+                                        [--tables half float32 weights memory]
+                                        [--variants 8warps flash-weights]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import io
 import math
 import os
 import statistics
@@ -41,7 +50,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attnlab
-from common import classify_backend, default_backend, markdown_table  # noqa: F401
+from common import (Report, add_json_argument, classify_backend, default_backend,  # noqa: F401
+                    gpu_machine_record, markdown_table)
 
 TOKENS = 16 * 1024
 WIDTH = 2048
@@ -49,14 +59,19 @@ TORCH_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION,
                   "efficient": SDPBackend.EFFICIENT_ATTENTION,
                   "cudnn": SDPBackend.CUDNN_ATTENTION}
 TABLES = ("half", "float32", "weights", "memory")
+# The opt-in kernels timed beside the defaults (--variants): their own columns, so that the
+# switch can become the default once they are at least as fast.
+VARIANTS = ("8warps", "flash-weights")
 
 # The speed targets: (lowest ratio attnlab / baseline, from which length they apply).
-TARGET_FROM_LENGTH = 2048
-HALF_TARGETS = {"fwd": 0.8, "fwd+bwd": 0.6}  # against torch's flash backend
+TARGET_FROM_LENGTH = 1024
+HALF_TARGETS = {"fwd": 1.0, "fwd+bwd": 1.0}  # against torch's flash backend
 FLOAT32_TARGETS = {"fwd": 1.0, "fwd+bwd": 1.0}  # against torch's efficient backend
-WEIGHTS_TARGET_LENGTH = 4096
-WEIGHTS_SPEEDUP_TARGET = 3.0  # plain matmul-softmax-matmul time / attnlab with weights
-WEIGHTS_COST_TARGET = 1.5  # attnlab with weights / attnlab without
+HALF_ALSO = ("cudnn",)  # attnlab / cudnn shown beside the target's ratio, without a target
+# need_weights: forward+backward with weights / without, bfloat16, L in this range (inclusive).
+WEIGHTS_TARGET_LENGTHS = (2048, 8192)
+WEIGHTS_TARGET_DTYPE = "bfloat16"
+WEIGHTS_COST_TARGET = 1.2
 
 def flops(batch, heads, length, head_size, is_causal, backward):
     """Work of one pass with the FlashAttention convention."""
@@ -68,44 +83,43 @@ def flops(batch, heads, length, head_size, is_causal, backward):
 # ---- the implementations ---------------------------------------------------------------------
 
 
-KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH", "ATTNLAB_CUDA_FLASH_ROWS", "ATTNLAB_CUDA_FLASH_WARPS")
+# Every switch attnlab's CUDA operator reads (cpp/src/cuda/ops.cpp), set or not in the caller's
+# environment: the "attnlab" columns run with none of them.
+KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH", "ATTNLAB_CUDA_FLASH_ROWS", "ATTNLAB_CUDA_FLASH_WARPS",
+                   "ATTNLAB_CUDA_FLASH_WEIGHTS")
+
+
+def default_kernels():
+    """Removes every kernel switch (each is read at every call), so that the next call runs
+    attnlab's default kernels whatever ran before it in the round."""
+    for name in KERNEL_SWITCHES:
+        os.environ.pop(name, None)
 
 
 def attnlab_sdpa(q, k, v, is_causal):
-    for name in KERNEL_SWITCHES:  # the default kernels (see attnlab_without_flash)
-        os.environ.pop(name, None)
-    return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
-
-
-def attnlab_other_rows(q, k, v, is_causal):
-    """attnlab's flash forward with the other number of query rows per warp than its default
-    for this head size (default 32 at D = 64, 16 at D = 128; ATTNLAB_CUDA_FLASH_ROWS, read at
-    every call; attnlab_sdpa removes it)."""
-    for name in KERNEL_SWITCHES:
-        os.environ.pop(name, None)
-    os.environ["ATTNLAB_CUDA_FLASH_ROWS"] = "16" if q.shape[-1] <= 64 else "32"
+    default_kernels()
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
 def attnlab_eight_warps(q, k, v, is_causal):
     """attnlab's flash forward in blocks of 8 warps of 16 query rows (ATTNLAB_CUDA_FLASH_WARPS=8,
     read at every call; attnlab_sdpa removes it): each K and V tile copied serves 128 rows."""
-    for name in KERNEL_SWITCHES:
-        os.environ.pop(name, None)
+    default_kernels()
     os.environ["ATTNLAB_CUDA_FLASH_WARPS"] = "8"
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
 
 
-def attnlab_without_flash(q, k, v, is_causal):
-    """attnlab with its earlier kernels (WMMA forward, generic backward) instead of the
-    FlashAttention-2-style ones: ATTNLAB_CUDA_FLASH=0, read at every call (forward and
-    backward; the backward runs inside autograd.grad after this returns, so the variable stays
-    set until attnlab_sdpa removes it)."""
-    os.environ["ATTNLAB_CUDA_FLASH"] = "0"
-    return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal)[0]
-
-
 def attnlab_with_weights(q, k, v, is_causal):
+    """need_weights=True with no kernel switch set (the default kernels' weights)."""
+    default_kernels()
+    return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal, need_weights=True)
+
+
+def attnlab_with_flash_weights(q, k, v, is_causal):
+    """need_weights=True on the flash forward, whose second pass over the key tiles writes the
+    weights (ATTNLAB_CUDA_FLASH_WEIGHTS=1, read at every call; attnlab_sdpa removes it)."""
+    default_kernels()
+    os.environ["ATTNLAB_CUDA_FLASH_WEIGHTS"] = "1"
     return attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal, need_weights=True)
 
 
@@ -127,6 +141,9 @@ def plain_attention(q, k, v, is_causal):
 
 
 OURS = (attnlab_sdpa, attnlab_with_weights)
+# Opt-in kernels that have not yet run on a GPU: an error there is shown in its cell ("error"),
+# so that the default kernels' and torch's timings still come out.
+OPT_IN = (attnlab_eight_warps, attnlab_with_flash_weights)
 
 
 def pass_runner(fn, q, k, v, is_causal, backward):
@@ -162,12 +179,16 @@ class Budget:
 
 def failure_cell(fn, error):
     """What a table shows for an implementation that could not run a case. Only torch's forced
-    backends may decline ("n/a"); an error from attnlab is a bug and stops the run."""
+    backends may decline ("n/a"); an error from attnlab's default kernels is a bug and stops the
+    run, one from an opt-in kernel shows as "error"."""
     if isinstance(error, torch.OutOfMemoryError):
         torch.cuda.empty_cache()
         return "OOM"
     if fn in OURS:
         raise error
+    if fn in OPT_IN:
+        print(f"{fn.__name__}: {error}", file=sys.stderr, flush=True)
+        return "error"
     return "n/a"
 
 
@@ -244,10 +265,16 @@ def measure_speed(dtype, backends, args, budget, variants=()):
     return records
 
 
-def measure_weights(dtype, args, budget):
-    """Records with times for attnlab without weights, with weights, and the plain ops."""
-    names = ["attnlab", "attnlab + weights", "plain"]
-    fns = [attnlab_sdpa, attnlab_with_weights, plain_attention]
+WEIGHTS_VARIANTS = {"attnlab + weights": attnlab_with_weights,
+                    "attnlab + flash weights": attnlab_with_flash_weights}
+
+
+def measure_weights(dtype, args, budget, variants=("attnlab + weights",)):
+    """Records with times for attnlab without weights, with weights (each of `variants`, names
+    of WEIGHTS_VARIANTS), and the plain ops, and the bytes of the weights a call writes."""
+    names = ["attnlab", *variants, "plain"]
+    fns = [attnlab_sdpa, *(WEIGHTS_VARIANTS[name] for name in variants), plain_attention]
+    element = torch.finfo(dtype).bits // 8
     records = []
     for length in args.weights_lengths:
         batch, heads = shape_for(length, 64)
@@ -263,11 +290,25 @@ def measure_weights(dtype, args, budget):
                 records.append(dict(dtype=dtype_name(dtype), batch=batch, heads=heads,
                                     length=length, head_size=64, causal=is_causal,
                                     passes="fwd+bwd" if backward else "fwd",
+                                    weights_bytes=batch * heads * length * length * element,
                                     times=dict(zip(names, times))))
                 print(records[-1], file=sys.stderr, flush=True)
         del q, k, v
         torch.cuda.empty_cache()
     return records
+
+
+def copy_bandwidth(gib=2, reps=10):
+    """The GPU's memory bandwidth in bytes per second, as a device-to-device copy of `gib` GiB
+    moves them (bytes read plus bytes written, per second; median of alternating rounds): the
+    rate the weights' L² stores are set against. None if the copy could not run (memory)."""
+    size = gib * 2**30
+    source = torch.empty(size, dtype=torch.uint8, device="cuda")
+    target = torch.empty_like(source)
+    milliseconds = time_alternating([lambda: target.copy_(source)], [None], reps)[0]
+    del source, target
+    torch.cuda.empty_cache()
+    return None if isinstance(milliseconds, str) else 2 * size / (milliseconds / 1e3)
 
 
 def peak_extra_bytes(run):
@@ -354,51 +395,77 @@ def verdict(value, bound, at_least=True):
     return f"met ({sign} {bound:g})" if met else f"MISSED ({sign} {bound:g})"
 
 
-def speed_rows(records, baseline, targets):
+def speed_rows(records, baseline, targets, also=()):
     """One row per record: TFLOP/s of every implementation, attnlab's speed relative to
-    `baseline` (its TFLOP/s over the baseline's) and the target's verdict (from
-    TARGET_FROM_LENGTH on)."""
+    `baseline` (its TFLOP/s over the baseline's) and to each backend in `also` (shown, not
+    judged), and the target's verdict (from TARGET_FROM_LENGTH on)."""
     rows = []
     for record in records:
         work, times = work_of(record), record["times"]
         ratio = speedup(times[baseline], times["attnlab"])
+        others = [speedup(times[name], times["attnlab"]) for name in also]
         target = ("" if record["length"] < TARGET_FROM_LENGTH
                   else verdict(ratio, targets[record["passes"]]))
         rows.append([record["dtype"], shape_cell(record), record["causal"], record["passes"],
                      *(tflops_cell(t, work) for t in times.values()),
-                     "n/a" if ratio is None else f"{ratio:.2f}", target])
+                     *("n/a" if r is None else f"{r:.2f}" for r in (ratio, *others)), target])
     return rows
 
 
-def speed_header(records, baseline):
+def speed_header(records, baseline, also=()):
     names = list(records[0]["times"]) if records else ["attnlab", baseline]
     return ["dtype", "(B, H, L, D)", "causal", "pass",
             *(name if name.startswith("attnlab") else f"torch {name}" for name in names),
-            f"attnlab / {baseline}", "target"]
+            *(f"attnlab / {name}" for name in (baseline, *also)), "target"]
 
 
-def weights_rows(records):
-    """Times with and without weights and of the plain ops; speed-up over plain and the cost of
-    the weights, with verdicts at WEIGHTS_TARGET_LENGTH."""
+def weights_judged(record):
+    """Whether a weights record is one the target applies to."""
+    low, high = WEIGHTS_TARGET_LENGTHS
+    return (record["dtype"] == WEIGHTS_TARGET_DTYPE and record["passes"] == "fwd+bwd"
+            and low <= record["length"] <= high)
+
+
+def weights_variants(records):
+    names = list(records[0]["times"]) if records else ["attnlab", "attnlab + weights", "plain"]
+    return [name for name in names if name.startswith("attnlab + ")]
+
+
+def weights_header(records):
+    """Times of every implementation, then per weights variant: its cost (with / without), the
+    forward's time over the bound of writing the weights, and the target's verdict."""
+    names = list(records[0]["times"]) if records else ["attnlab", "attnlab + weights", "plain"]
+    header = ["dtype", "(B, H, L, D)", "causal", "pass", *(f"{name} (ms)" for name in names)]
+    for name in weights_variants(records):
+        label = name.removeprefix("attnlab + ")
+        header += [f"{label}: with / without", f"{label}: fwd / write bound",
+                   f"{label}: target ≤ {WEIGHTS_COST_TARGET:g}"]
+    return header
+
+
+def weights_rows(records, bandwidth=None):
+    """Rows of weights_header. The write bound is the weights' bytes over `bandwidth` (bytes per
+    second, copy_bandwidth; None: not measured), shown for forward rows; the verdict of the cost
+    target where weights_judged."""
     rows = []
     for record in records:
         times = record["times"]
-        fast = speedup(times["plain"], times["attnlab + weights"])
-        cost = speedup(times["attnlab + weights"], times["attnlab"])
-        judged = record["length"] == WEIGHTS_TARGET_LENGTH
-        rows.append([record["dtype"], shape_cell(record), record["causal"], record["passes"],
-                     ms_cell(times["attnlab"]), ms_cell(times["attnlab + weights"]),
-                     ms_cell(times["plain"]),
-                     "n/a" if fast is None else f"{fast:.2f}",
-                     "n/a" if cost is None else f"{cost:.2f}",
-                     verdict(fast, WEIGHTS_SPEEDUP_TARGET) if judged else "",
-                     verdict(cost, WEIGHTS_COST_TARGET, at_least=False) if judged else ""])
+        row = [record["dtype"], shape_cell(record), record["causal"], record["passes"],
+               *(ms_cell(t) for t in times.values())]
+        bound_ms = (None if bandwidth is None or "weights_bytes" not in record
+                    else record["weights_bytes"] / bandwidth * 1e3)
+        for name in weights_variants(records):
+            cost = speedup(times[name], times["attnlab"])
+            to_bound = None
+            if record["passes"] == "fwd" and bound_ms and not isinstance(times[name], str):
+                to_bound = times[name] / bound_ms
+            row += ["n/a" if cost is None else f"{cost:.2f}",
+                    "" if record["passes"] != "fwd" else
+                    "n/a" if to_bound is None else f"{to_bound:.1f}",
+                    verdict(cost, WEIGHTS_COST_TARGET, at_least=False)
+                    if weights_judged(record) else ""]
+        rows.append(row)
     return rows
-
-
-WEIGHTS_HEADER = ["dtype", "(B, H, L, D)", "causal", "pass", "attnlab (ms)",
-                  "attnlab + weights (ms)", "plain (ms)", "plain / attnlab + weights",
-                  "weights cost (with / without)", "target ≥ 3 × plain", "target cost ≤ 1.5"]
 
 
 def mib_cell(value):
@@ -440,9 +507,9 @@ def memory_growth(records):
                else "FASTER THAN LINEAR"))
 
 
-def target_summary(rows, label):
-    """'label: m of n rows met' from the verdict column (the last one) of table rows."""
-    verdicts = [row[-1] for row in rows if row[-1] not in ("", "n/a")]
+def target_summary(rows, label, column=-1):
+    """'label: m of n rows met' from a verdict column (default the last one) of table rows."""
+    verdicts = [row[column] for row in rows if row[column] not in ("", "n/a")]
     if not verdicts:
         return f"- {label}: no row measured at the target lengths"
     met = sum(v.startswith("met") for v in verdicts)
@@ -450,56 +517,104 @@ def target_summary(rows, label):
                                                               else " (see MISSED rows)")
 
 
-def speed_section(title, records, baseline, targets):
-    rows = speed_rows(records, baseline, targets)
-    return (f"## {title}\n\n{markdown_table(speed_header(records, baseline), rows)}\n\n"
-            + target_summary(rows, f"{title}, attnlab / {baseline} from L = "
-                             f"{TARGET_FROM_LENGTH}") + "\n")
+# A section is (key, title, header, rows, notes): kept as one table of the JSON report, and
+# printed as markdown ("## title", the table, the notes as bullet lines).
 
 
-def weights_section(records):
-    rows = weights_rows(records)
-    lines = ["## need_weights=True against matmul → softmax → matmul (ms)\n",
-             markdown_table(WEIGHTS_HEADER, rows), ""]
-    judged = [row for row in rows if row[-1]]
-    for column, label in ((-2, "≥ 3 × plain"), (-1, "weights cost ≤ 1.5")):
-        verdicts = [row[column] for row in judged if row[column] != "n/a"]
-        met = sum(v.startswith("met") for v in verdicts)
-        lines.append(f"- {label} at L = {WEIGHTS_TARGET_LENGTH}: {met} of {len(verdicts)} rows met")
-    return "\n".join(lines) + "\n"
+def section_text(section):
+    _, title, header, rows, notes = section
+    title = title if title.startswith("#") else f"## {title}"
+    return f"{title}\n\n{markdown_table(header, rows)}\n\n" + "".join(f"{n}\n" for n in notes)
+
+
+def speed_parts(key, title, records, baseline, targets, also=()):
+    rows = speed_rows(records, baseline, targets, also)
+    return (key, title, speed_header(records, baseline, also), rows,
+            [target_summary(rows, f"{title}, attnlab / {baseline} from L = "
+                            f"{TARGET_FROM_LENGTH}", column=-1)])
+
+
+def speed_section(title, records, baseline, targets, also=()):
+    return section_text(speed_parts("speed", title, records, baseline, targets, also))
+
+
+WEIGHTS_TITLE = ("need_weights=True against attnlab without weights and matmul → softmax → matmul "
+                 "(ms)")
+
+
+def weights_parts(records, bandwidth=None):
+    header, rows = weights_header(records), weights_rows(records, bandwidth)
+    low, high = WEIGHTS_TARGET_LENGTHS
+    notes = []
+    if bandwidth is not None:
+        notes.append(f"- memory bandwidth (device-to-device copy, bytes read + written): "
+                     f"{bandwidth / 1e9:.0f} GB/s; write bound = the weights' bytes at that rate")
+    for name in weights_variants(records):
+        label = name.removeprefix("attnlab + ")
+        notes.append(target_summary(
+            rows, f"{label}: with / without ≤ {WEIGHTS_COST_TARGET:g}, {WEIGHTS_TARGET_DTYPE} "
+            f"forward+backward at L = {low}–{high}",
+            column=header.index(f"{label}: target ≤ {WEIGHTS_COST_TARGET:g}")))
+    return ("weights", WEIGHTS_TITLE, header, rows, notes)
+
+
+def weights_section(records, bandwidth=None):
+    return section_text(weights_parts(records, bandwidth))
+
+
+def memory_parts(records):
+    first = records[0] if records else {"heads": "?", "head_size": "?", "dtype": ""}
+    title = (f"## Peak extra GPU memory of one forward+backward without weights\n\n"
+             f"(1, {first['heads']}, L, {first['head_size']}), {first['dtype']}; "
+             "torch.cuda.max_memory_allocated after a reset, minus what was allocated before "
+             "the call (inputs and the upstream gradient). The output and the three gradients "
+             "alone are 4/3 of the q, k, v column.")
+    growth = memory_growth(records)
+    return ("memory", title, memory_header(records), memory_rows(records),
+            [f"- {growth}"] if growth else [])
 
 
 def memory_section(records):
-    rows = memory_rows(records)
-    growth = memory_growth(records)
-    header = ("## Peak extra GPU memory of one forward+backward without weights\n\n"
-              f"(1, {records[0]['heads'] if records else '?'}, L, "
-              f"{records[0]['head_size'] if records else '?'}), "
-              f"{records[0]['dtype'] if records else ''}; torch.cuda.max_memory_allocated after "
-              "a reset, minus what was allocated before the call (inputs and the upstream "
-              "gradient). The output and the three gradients alone are 4/3 of the q, k, v "
-              "column.\n\n")
-    return header + markdown_table(memory_header(records), rows) + "\n\n" + \
-        (f"- {growth}\n" if growth else "")
+    return section_text(memory_parts(records))
 
 
-def environment_lines(backends_seen):
-    """The header: GPU, versions, and torch's default SDPA backend per case."""
+def json_title(title):
+    """A section's title as the JSON report keeps it: one line, no markdown heading."""
+    first, _, rest = title.lstrip("# ").partition("\n\n")
+    return f"{first}: {rest}" if rest else first
+
+
+def keep(report, section):
+    """Adds a section to the JSON report without printing it: what is printed, and written to
+    --out, keeps its markdown layout (headings, paragraphs) while the JSON keeps the table."""
+    key, title, header, rows, notes = section
+    with contextlib.redirect_stdout(io.StringIO()):
+        report.table(key, json_title(title), header, rows)
+        for note in notes:
+            report.note(note)
+
+
+BACKENDS_TITLE = ("torch's default SDPA backend (F.scaled_dot_product_attention without "
+                  "sdpa_kernel), by the aten operator it calls")
+
+
+def environment_lines():
+    """The header's lines above the default-backend table: GPU and versions."""
     props = torch.cuda.get_device_properties(0)
     info = attnlab.build_info()
-    lines = [f"# attnlab CUDA attention benchmark ({datetime.date.today()})", "",
-             f"- GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, "
-             f"{props.multi_processor_count} SMs, compute capability {props.major}.{props.minor}",
-             f"- torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
-             f"{torch.backends.cudnn.version()}, attnlab {attnlab.__version__} "
-             f"(CUDA archs {info.get('cuda_archs')})",
-             f"- TF32 matmuls allowed: {torch.backends.cuda.matmul.allow_tf32} (the plain "
-             f"float32 formulation's speed depends on it)",
-             "- torch's default SDPA backend (F.scaled_dot_product_attention without "
-             "sdpa_kernel), by the aten operator it calls:", ""]
-    lines.append(markdown_table(["dtype", "(B, H, L, D)", "causal", "default backend"],
-                                backends_seen))
-    return lines
+    return [f"# attnlab CUDA attention benchmark ({datetime.date.today()})", "",
+            f"- GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, "
+            f"{props.multi_processor_count} SMs, compute capability {props.major}.{props.minor}",
+            f"- torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN "
+            f"{torch.backends.cudnn.version()}, attnlab {attnlab.__version__} "
+            f"(CUDA archs {info.get('cuda_archs')})",
+            f"- TF32 matmuls allowed: {torch.backends.cuda.matmul.allow_tf32} (the plain "
+            f"float32 formulation's speed depends on it)"]
+
+
+def backends_parts(rows):
+    return ("backends", BACKENDS_TITLE, ["dtype", "(B, H, L, D)", "causal", "default backend"],
+            rows, [])
 
 
 def default_backends(head_sizes, length=4096):
@@ -522,11 +637,17 @@ def parse_args(argv=None):
         formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n", 2)[2])
     parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES),
                         help="which tables to measure (default: all)")
+    parser.add_argument("--variants", nargs="*", choices=VARIANTS, default=list(VARIANTS),
+                        help="opt-in kernels timed in their own columns: 8warps (half table), "
+                        "flash-weights (weights table); default both, none without a value")
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--float32-lengths", type=int, nargs="+",
+                        help="lengths of the float32 table (default: --lengths)")
     parser.add_argument("--head-sizes", type=int, nargs="+", default=[64, 128])
-    parser.add_argument("--weights-lengths", type=int, nargs="+", default=[1024, 2048, 4096],
+    parser.add_argument("--weights-lengths", type=int, nargs="+", default=[2048, 4096, 8192],
                         help="lengths of the need_weights table (its L×L tensors grow fast); "
-                        f"the targets are judged at {WEIGHTS_TARGET_LENGTH}")
+                        f"the target is judged at L = {WEIGHTS_TARGET_LENGTHS[0]}–"
+                        f"{WEIGHTS_TARGET_LENGTHS[1]} in {WEIGHTS_TARGET_DTYPE}")
     parser.add_argument("--weights-dtypes", nargs="+", default=["bfloat16", "float32"],
                         choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--memory-lengths", type=int, nargs="+",
@@ -540,8 +661,10 @@ def parse_args(argv=None):
                         help="time budget: cases left when it runs out are marked 'skipped'")
     parser.add_argument("--out", type=Path, help="also write the markdown report to this file "
                         "(rewritten after every table, so a cut-off run leaves the finished ones)")
+    add_json_argument(parser)
     args = parser.parse_args(argv)
-    for name in ("lengths", "head_sizes", "weights_lengths", "memory_lengths"):
+    args.float32_lengths = args.float32_lengths or args.lengths
+    for name in ("lengths", "float32_lengths", "head_sizes", "weights_lengths", "memory_lengths"):
         if min(getattr(args, name)) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive")
     if args.reps < 1:
@@ -557,34 +680,56 @@ def main(argv=None):
         sys.exit("attention_cuda.py: this attnlab was built without CUDA kernels "
                  "(rebuild with nvcc and a CUDA torch, or ATTNLAB_CUDA=1)")
     budget = Budget(args.max_seconds)
-    sections = []
+    report = Report("attention_cuda", argv, machine=gpu_machine_record())
+    texts = []
 
-    def emit(section):
-        sections.append(section)
-        print(section, flush=True)
+    def emit(text, section=None):
+        """Prints a part of the report, rewrites --out, and keeps the section in --json (both
+        rewritten after every table, so that a cut-off run leaves the finished ones)."""
+        texts.append(text)
+        print(text, flush=True)
+        if section is not None:
+            keep(report, section)
         if args.out:
-            args.out.write_text("\n".join(sections))
+            args.out.write_text("\n".join(texts))
+        if args.json:
+            report.save(args.json)
 
-    emit("\n".join(environment_lines(default_backends(args.head_sizes))) + "\n")
+    backends = backends_parts(default_backends(args.head_sizes))
+    emit("\n".join([*environment_lines(), f"- {BACKENDS_TITLE}:", "",
+                    markdown_table(backends[2], backends[3])]) + "\n", backends)
     if "half" in args.tables:
+        variants = [("attnlab 8 warps", attnlab_eight_warps)] if "8warps" in args.variants else []
         records = [r for dtype in (torch.bfloat16, torch.float16)
                    for r in measure_speed(dtype, ["flash", "efficient", "cudnn"], args, budget,
-                                          [("attnlab other rows/warp", attnlab_other_rows),
-                                           ("attnlab 8 warps", attnlab_eight_warps),
-                                           ("attnlab before flash", attnlab_without_flash)])]
-        emit(speed_section("bfloat16 and float16, TFLOP/s", records, "flash", HALF_TARGETS))
+                                          variants)]
+        section = speed_parts("half", "bfloat16 and float16, TFLOP/s", records, "flash",
+                              HALF_TARGETS, HALF_ALSO)
+        emit(section_text(section), section)
     if "float32" in args.tables:
-        records = measure_speed(torch.float32, ["efficient"], args, budget)
-        emit(speed_section("float32, TFLOP/s", records, "efficient", FLOAT32_TARGETS))
+        float32_args = argparse.Namespace(**{**vars(args), "lengths": args.float32_lengths})
+        records = measure_speed(torch.float32, ["efficient"], float32_args, budget)
+        section = speed_parts("float32", "float32, TFLOP/s", records, "efficient",
+                              FLOAT32_TARGETS)
+        emit(section_text(section), section)
     if "weights" in args.tables:
+        bandwidth = None if budget.spent() else copy_bandwidth()
+        variants = ["attnlab + weights"]
+        if "flash-weights" in args.variants:
+            variants.append("attnlab + flash weights")
         records = [r for name in args.weights_dtypes
-                   for r in measure_weights(getattr(torch, name), args, budget)]
-        emit(weights_section(records))
+                   for r in measure_weights(getattr(torch, name), args, budget, variants)]
+        section = weights_parts(records, bandwidth)
+        emit(section_text(section), section)
     if "memory" in args.tables:
-        emit(memory_section(measure_memory(args, budget)))
+        section = memory_parts(measure_memory(args, budget))
+        emit(section_text(section), section)
     if budget.spent():
-        emit(f"- The time budget (--max-seconds {args.max_seconds:g}) ran out: cells marked "
-             "'skipped' were not measured.\n")
+        line = (f"- The time budget (--max-seconds {args.max_seconds:g}) ran out: cells marked "
+                "'skipped' were not measured.")
+        with contextlib.redirect_stdout(io.StringIO()):
+            report.note(line)
+        emit(line + "\n")
 
 
 if __name__ == "__main__":

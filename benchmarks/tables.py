@@ -33,11 +33,13 @@ GPU_BENCHMARKS = ["attention_cuda", "sparse_attention_cuda"]
 
 
 def load_results(folder: Path) -> dict[str, dict[str, dict]]:
-    """{machine class: {benchmark: record}} from every results/<class>/<benchmark>.json."""
+    """{machine class: {benchmark: record}} from every results/<class>/<benchmark>.json; a GPU
+    run's test, sanitizer and fuzz counts (checks.json) come under the name "checks"."""
     results: dict[str, dict[str, dict]] = {}
     for path in sorted(folder.glob("*/*.json")):
         record = json.loads(path.read_text())
-        if "tables" not in record:  # not a benchmark's record (a GPU run's check counts)
+        if path.stem == "checks":
+            results.setdefault(path.parent.name, {})["checks"] = record
             continue
         if record.get("benchmark") != path.stem:
             raise ValueError(f"{path}: holds the results of {record.get('benchmark')!r}, "
@@ -56,6 +58,10 @@ def class_title(name: str, records: dict[str, dict]) -> str:
         return CLASS_NAMES[name]
     machine = next(iter(records.values()))["machine"]
     return machine.get("gpu") or name
+
+
+def benchmarks_of(records: dict[str, dict]) -> dict[str, dict]:
+    return {name: record for name, record in records.items() if name != "checks"}
 
 
 def table(key: str, record: dict) -> tuple[list[str], list[list[str]]] | None:
@@ -166,6 +172,79 @@ def cpu_summary(records: dict[str, dict]) -> list[tuple[str, str, str]]:
     return lines
 
 
+def head_size(shape: str) -> int:
+    """D of a printed (B, H, L, D) shape."""
+    return int(shape.strip("()").split(",")[3])
+
+
+def ratio_of(header, rows, numerator: str, denominator: str) -> list[float]:
+    """numerator / denominator per row, where both cells are numbers (TFLOP/s: above 1 means
+    the numerator's implementation is faster)."""
+    out = []
+    for row in rows:
+        a, b = number(row[header.index(numerator)]), number(row[header.index(denominator)])
+        if a is not None and b:
+            out.append(a / b)
+    return out
+
+
+def gpu_summary(records: dict[str, dict]) -> list[tuple[str, str, str]]:
+    """(what, attnlab against what, ratio span) for a GPU's summary table."""
+    lines = []
+    attention = records.get("attention_cuda")
+    if not attention:
+        return lines
+    found = table("half", attention)
+    if found:
+        header, rows = found
+        for size in sorted({head_size(row[1]) for row in rows}):
+            for which in ("fwd", "fwd+bwd"):
+                chosen = rows_where(header, rows, **{"(B, H, L, D)": lambda c: head_size(c) == size,
+                                                     "pass": lambda c: c == which})
+                lengths = sorted({shape_length(row[1]) for row in chosen})
+                label = (f"bfloat16 and float16 {'forward' if which == 'fwd' else 'forward+backward'}"
+                         f", D = {size}, L = {lengths[0]}–{lengths[-1]}")
+                lines.append((label, "torch's flash kernel",
+                              span(column(header, chosen, "attnlab / flash")) + "×"))
+                if "torch cudnn" in header:
+                    lines.append((label, "torch's cuDNN kernel",
+                                  span(ratio_of(header, chosen, "attnlab", "torch cudnn")) + "×"))
+    found = table("float32", attention)
+    if found:
+        header, rows = found
+        lines.append(("float32, forward and forward+backward", "torch's efficient kernel",
+                      span(column(header, rows, "attnlab / efficient")) + "×"))
+    found = table("weights", attention)
+    if found:
+        header, rows = found
+        cost = next(name for name in header if name.startswith("weights cost"))
+        for which in ("fwd", "fwd+bwd"):
+            chosen = [row for row in rows if row[header.index("pass")] == which]
+            lines.append((f"need_weights=True, {'forward' if which == 'fwd' else 'forward+backward'}",
+                          "cost: time with / without weights",
+                          span(column(header, chosen, cost)) + "×"))
+    found = table("memory", attention)
+    if found:
+        header, rows = found
+        per_row = next(name for name in header if "per query row" in name)
+        lines.append((f"extra memory without weights, L = {rows[0][0]}–{rows[-1][0]}",
+                      "bytes per query row", span(column(header, rows, per_row)).replace(".00", "")))
+    return lines
+
+
+def checks_lines(checks: dict) -> list[str]:
+    """The tests, sanitizers and fuzz of a GPU run, from its checks.json."""
+    lines = [checks["summary"], ""]
+    rows = []
+    for run in checks.get("runs", []):
+        for phase, result in run.get("phases", {}).items():
+            rows.append([run.get("started", ""), f"`{run.get('commit', '')}`", phase,
+                         result.get("result", ""), result.get("note", "")])
+    if rows:
+        lines += [markdown(["run", "commit", "phase", "result", "what it printed"], rows), ""]
+    return lines
+
+
 def markdown(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
@@ -191,7 +270,7 @@ def describe_machine(record: dict) -> str:
 
 def provenance(records: dict[str, dict]) -> list[str]:
     lines = []
-    for name, record in sorted(records.items()):
+    for name, record in sorted(benchmarks_of(records).items()):
         lines.append(f"- `{name}`: {describe_machine(record)}; commit `{record['commit']}`, "
                      f"{record['date']}; reproduce with `{record['command']}`")
         for change in record.get("code_changed_since", []):
@@ -218,7 +297,16 @@ def performance_section(results: dict[str, dict[str, dict]]) -> str:
         lines += [f"### {class_title(name, records)}", ""]
         lines += provenance(records) + [""]
         if name.startswith("gpu-"):
-            lines += ["The tables below are this run's own output, unchanged.", ""]
+            lines += ["!!! warning \"Measured on older code\"",
+                      "    These figures come from code that has changed since (the list above); "
+                      "they are the last measured on this GPU.", ""]
+            if "checks" in records:
+                lines += ["**Tests, sanitizers and fuzz**", ""] + checks_lines(records["checks"])
+            lines += ["**Speed**", ""]
+            lines += [markdown(["what", "attnlab against", "ratio"],
+                               [list(row) for row in gpu_summary(records)]), ""]
+            lines += ["Ratios are attnlab's TFLOP/s over the baseline's (above 1: attnlab is "
+                      "faster), except the rows marked cost. The full tables:", ""]
         else:
             lines += [markdown(["what", "attnlab against", "ratio"],
                                [list(row) for row in cpu_summary(records)]), ""]
@@ -237,7 +325,20 @@ def readme_rows(results: dict[str, dict[str, dict]]) -> list[list[str]]:
         records = results[name]
         label = f"[{CLASS_NAMES.get(name, class_title(name, records))}](docs/performance.md)"
         if name.startswith("gpu-"):
-            continue  # GPU rows come from the GPU's own summary, when one is measured
+            record = records.get("attention_cuda")
+            if not record:
+                continue
+            label = (f"[{class_title(name, records)}, {record['date']}, older code]"
+                     "(docs/performance.md)")
+            summary = gpu_summary(records)
+            half = [number(part) for what, against, ratio in summary
+                    if what.startswith("bfloat16") and against == "torch's flash kernel"
+                    for part in ratio.rstrip("×").split("–")]
+            rows.append([label, "bfloat16 and float16, forward and forward+backward",
+                         "torch's flash kernel", span([h for h in half if h is not None]) + "×"])
+            rows += [[label, what, against, ratio] for what, against, ratio in summary
+                     if what.startswith("float32")]
+            continue
         summary = {(what, against): ratio for what, against, ratio in cpu_summary(records)}
         wanted = [
             ("float32 forward+backward, tutorial shapes (L ≤ 16)", "torch SDPA, same dtype"),

@@ -4,6 +4,9 @@
 # SANITIZER_TOOLS picks the tools (default "memcheck racecheck"); SANITIZER_ARGS adds options
 # to every compute-sanitizer call (e.g. "--kernel-name kns=attnlab": only attnlab's kernels).
 # pytest runs verbosely, so the log names every test the sanitizer watched and its outcome.
+# SANITIZER_OPT_IN=1 runs with the opt-in kernels switched on (ATTNLAB_CUDA_FLASH_WEIGHTS=1 and
+# ATTNLAB_CUDA_FLASH_WARPS=8, which cpp/src/cuda/ops.cpp reads at every call) over the tests
+# that reach the flash forward, with and without weights.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
@@ -18,6 +21,15 @@ read -r -a extra <<<"${SANITIZER_ARGS:-}"
 subset=(tests/python/test_attention_cuda.py tests/python/test_sparse_attention_cuda.py
         -p no:cacheprovider -v -rs
         -k "(small_problems and not earlier) or fully_masked or many_batch_dimensions")
+if [[ ${SANITIZER_OPT_IN:-0} == 1 ]]; then
+  # The switches change only the flash forward: the tests that reach it are the tensor-core
+  # small problems (8-warp blocks, no weights) and the half-precision weights tests (the flash
+  # forward's weights pass, in 8-warp blocks too), from one to several 64-row tiles.
+  export ATTNLAB_CUDA_FLASH_WEIGHTS=1 ATTNLAB_CUDA_FLASH_WARPS=8
+  subset=(tests/python/test_attention_cuda.py -p no:cacheprovider -v -rs
+          -k "(tensor_core_path and not earlier) or half_precision_weights")
+  echo "== opt-in kernels: ATTNLAB_CUDA_FLASH_WEIGHTS=1 ATTNLAB_CUDA_FLASH_WARPS=8"
+fi
 # Without the caching allocator every tensor is its own allocation, so memcheck sees
 # out-of-bounds accesses that would otherwise land inside a cached block.
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1

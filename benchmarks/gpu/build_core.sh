@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Compiles attnlab's core, libattnlab.so with its CUDA kernels, on a machine WITHOUT a GPU,
-# against the torch release of the GPU machine, so that the GPU machine skips the compile
-# (about 6 minutes on 16 cores there, 17 on 2 cores here in session 18, before two CPU files
-# lost the GCC passes that took most of it). run.sh --core FILE then
-# installs a wheel built there earlier and puts this core in it (see README.md beside this).
+# against the torch release of the GPU machine, so that the GPU machine skips the compile (356 s
+# on the 16 cores of an H200's host, two thirds of a nine-minute call). run.sh --core FILE then
+# installs a wheel built there earlier and puts this core in it (README.md beside this).
 #
 #   benchmarks/gpu/build_core.sh TORCH_VERSION [CUDA_ARCH]      e.g. 2.11.0 90
 #

@@ -261,8 +261,8 @@ def describe_machine(record: dict) -> str:
                  f"{machine['threads']} thread{'s' if machine['threads'] != 1 else ''}"]
         if machine.get("forced_isa"):
             forced = ", ".join(f"`{k}={v}`" for k, v in sorted(machine["forced_isa"].items()))
-            parts.append(f"AVX2 paths forced on an AVX-512 CPU with {forced} (no AVX2-only CPU "
-                         "was measured; see the note below)")
+            parts.append(f"AVX2 paths forced on an AVX-512 CPU with {forced} (close to an "
+                         "AVX2-only CPU, not the same: see \"Which code runs where\")")
     parts.append(f"torch {machine['torch']}")
     parts.append(f"attnlab {machine.get('attnlab', '?')}")
     return ", ".join(parts)

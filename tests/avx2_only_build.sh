@@ -41,9 +41,11 @@ if [ $# -gt 0 ]; then
 fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
 # The numerics of the small and blocked paths, the encoder block, the modules and the sparse
-# normalizers (tests/python/test_cpu_isa_avx2.py runs the first six again under the cap alone).
+# normalizers (tests/python/operator/test_cpu_isa_avx2.py runs the first six again under the
+# cap alone).
 cd tests/python
-"$python" -m pytest -q -p no:cacheprovider test_small_attention_path.py test_attention.py \
-    test_attention_autograd.py test_numerical_edge_cases.py test_reduced_precision_cpu.py \
-    test_build_info.py test_encoder_block_op.py test_nn_modules.py test_sparse_attention.py \
-    test_additive_and_attention_layers.py
+"$python" -m pytest -q -p no:cacheprovider operator/test_small_attention_path.py \
+    operator/test_attention.py operator/test_attention_autograd.py \
+    operator/test_numerical_edge_cases.py operator/test_reduced_precision_cpu.py \
+    operator/test_build_info.py modules/test_encoder_block_op.py modules/test_nn_modules.py \
+    operator/test_sparse_attention.py operator/test_additive_and_attention_layers.py

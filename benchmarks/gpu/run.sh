@@ -35,7 +35,7 @@ usage: benchmarks/gpu/run.sh OUTDIR [options]
                     flash-warps    ATTNLAB_CUDA_FLASH_WARPS=8: the half-precision and flash tests
                     bench-attention  benchmarks/attention_cuda.py (speed, weights, memory)
                     bench-sparse   benchmarks/sparse_attention_cuda.py (sparse / softmax)
-                    cpu-amx        pytest tests/python/test_reduced_precision_cpu.py where the
+                    cpu-amx        pytest tests/python/operator/test_reduced_precision_cpu.py where the
                                    host CPU takes bfloat16 products on AMX tiles
                     ncu            Nsight Compute profiles beside torch's kernels -> ncu.md
                     experiments    every experiment's --fast run (and reverse in full) on CUDA
@@ -335,9 +335,9 @@ phase_tests() {
   local log=$1 rc
   # test_device.py: training, evaluation and checkpoints on CUDA; its two tests of the
   # refusal without a GPU skip here by design and are left out.
-  step "$log" "$PY" -m pytest tests/python/test_attention_cuda.py \
-       tests/python/test_sparse_attention_cuda.py tests/python/test_build_info.py \
-       tests/python/test_device.py -k "not without_a_gpu" "${PYTEST_FLAGS[@]}" \
+  step "$log" "$PY" -m pytest tests/python/operator/test_attention_cuda.py \
+       tests/python/operator/test_sparse_attention_cuda.py tests/python/operator/test_build_info.py \
+       tests/python/experiments/test_device.py -k "not without_a_gpu" "${PYTEST_FLAGS[@]}" \
        --junitxml="$OUTDIR/tests.junit.xml"
   rc=$?
   NOTE=$(counts "$log")
@@ -353,7 +353,7 @@ phase_fuzz() {
   # progress is kept in fuzz-last-case.txt: after a crash, it names the inputs that caused it.
   step "$log" env ATTNLAB_CUDA_FUZZ_EXAMPLES="$FUZZ_EXAMPLES" \
        ATTNLAB_CUDA_FUZZ_TRACE="$OUTDIR/fuzz-last-case.txt" "$PY" -m pytest \
-       tests/python/test_cuda_vs_cpu_properties.py -k "not checks_run_on_cpu" \
+       tests/python/operator/test_cuda_vs_cpu_properties.py -k "not checks_run_on_cpu" \
        "${PYTEST_FLAGS[@]}" --hypothesis-show-statistics --junitxml="$OUTDIR/fuzz.junit.xml"
   rc=$?
   NOTE="$FUZZ_EXAMPLES examples: $(counts "$log")"
@@ -365,7 +365,7 @@ phase_cpu_amx() {  # the CPU's AMX route for bfloat16, which few build or CI mac
   local log=$1 route
   if ((DRY)); then
     echo "  (if attnlab.build_info()['cpu_bf16_products'] == 'amx')" \
-         "$(quote "$PY" -m pytest tests/python/test_reduced_precision_cpu.py "${PYTEST_FLAGS[@]}")"
+         "$(quote "$PY" -m pytest tests/python/operator/test_reduced_precision_cpu.py "${PYTEST_FLAGS[@]}")"
     return 0
   fi
   route=$(env -C / "$PY" -c "import attnlab; print(attnlab.build_info()['cpu_bf16_products'])" 2>>"$log")
@@ -373,7 +373,7 @@ phase_cpu_amx() {  # the CPU's AMX route for bfloat16, which few build or CI mac
     NOTE="this CPU's bfloat16 route is '${route:-unknown}', not amx: nothing to check"
     echo "$NOTE" >>"$log"; return 0
   fi
-  step "$log" "$PY" -m pytest tests/python/test_reduced_precision_cpu.py "${PYTEST_FLAGS[@]}" \
+  step "$log" "$PY" -m pytest tests/python/operator/test_reduced_precision_cpu.py "${PYTEST_FLAGS[@]}" \
        --junitxml="$OUTDIR/cpu-amx.junit.xml"
   local rc=$?
   NOTE="bfloat16 on AMX tiles: $(counts "$log")"
@@ -394,14 +394,14 @@ phase_sanitizer() {  # $2: memcheck or racecheck; $3: 1 with the opt-in kernels 
 
 phase_flash_weights() {  # the flash forward's weights pass, opt-in until it has passed here
   local log=$1 rc
-  step "$log" env ATTNLAB_CUDA_FLASH_WEIGHTS=1 "$PY" -m pytest tests/python/test_attention_cuda.py \
+  step "$log" env ATTNLAB_CUDA_FLASH_WEIGHTS=1 "$PY" -m pytest tests/python/operator/test_attention_cuda.py \
        -k "weights" "${PYTEST_FLAGS[@]}" --junitxml="$OUTDIR/flash-weights.junit.xml"
   rc=$?
   # The half-precision property (2/5 of N/2: N/5 examples) and the check that the cases meant
   # for the flash kernels run them, with weights on the flash forward.
   step "$log" env ATTNLAB_CUDA_FLASH_WEIGHTS=1 ATTNLAB_CUDA_FUZZ_EXAMPLES=$((FUZZ_EXAMPLES / 2)) \
        ATTNLAB_CUDA_FUZZ_TRACE="$OUTDIR/flash-weights-fuzz-last-case.txt" "$PY" -m pytest \
-       tests/python/test_cuda_vs_cpu_properties.py \
+       tests/python/operator/test_cuda_vs_cpu_properties.py \
        -k "half_precision_cuda_within or flash_eligible_cases" "${PYTEST_FLAGS[@]}" \
        --hypothesis-show-statistics
   local fuzz_rc=$?
@@ -413,7 +413,7 @@ phase_flash_weights() {  # the flash forward's weights pass, opt-in until it has
 
 phase_flash_warps() {  # the flash forward in 8-warp blocks, opt-in until it has passed here
   local log=$1 rc
-  step "$log" env ATTNLAB_CUDA_FLASH_WARPS=8 "$PY" -m pytest tests/python/test_attention_cuda.py \
+  step "$log" env ATTNLAB_CUDA_FLASH_WARPS=8 "$PY" -m pytest tests/python/operator/test_attention_cuda.py \
        -k "half or flash" "${PYTEST_FLAGS[@]}" --junitxml="$OUTDIR/flash-warps.junit.xml"
   rc=$?
   NOTE="with ATTNLAB_CUDA_FLASH_WARPS=8: $(counts "$log")"

@@ -2,22 +2,74 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
 
-# The active attention recorder (attnlab.interpret.record) or None. While one is active, every
-# call below goes through it, so that it keeps each call's weights and, after the backward,
-# the gradient of the loss with respect to them. Outside a recording the cost is this one
-# global lookup. The slot is process-wide: a recording captures the calls of every thread.
-_recorder = None
+# Hooks that see every call of scaled_dot_product_attention (register_attention_hook). With
+# none registered the cost of a call is one check of this list's length. Process-wide: a hook
+# sees the calls of every thread.
+_hooks: list = []
 
 
-def is_recording() -> bool:
-    """Whether an ``attnlab.interpret.record()`` block is active. Modules with a fused path
-    that computes attention internally (``attnlab.nn.EncoderBlock``) take their module-by-module
-    path while it is, so that every attention call is seen."""
-    return _recorder is not None
+@dataclasses.dataclass(frozen=True)
+class AttentionCall:
+    """One call of :func:`scaled_dot_product_attention`, as an attention hook sees it: the
+    inputs, the output and the normalized weights (always computed while a hook is registered,
+    whether or not the caller asked for them). The tensors are the call's own: a hook may keep
+    them or register autograd hooks on them (``output.register_hook``), not change them."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attn_mask: torch.Tensor | None
+    is_causal: bool
+    scale: float | None
+    normalizer: str
+    alpha: float | None
+    output: torch.Tensor
+    weights: torch.Tensor
+
+
+class _HookHandle:
+    """What register_attention_hook returns: ``remove()`` unregisters the hook (also as a
+    context manager, on leaving the block)."""
+
+    def __init__(self, hook):
+        self._hook = hook
+
+    def remove(self) -> None:
+        for i, registered in enumerate(_hooks):
+            if registered is self._hook:
+                del _hooks[i]
+                return
+
+    def __enter__(self) -> "_HookHandle":
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        self.remove()
+        return False
+
+
+def register_attention_hook(hook) -> _HookHandle:
+    """Calls ``hook(call)`` with an :class:`AttentionCall` after every call of
+    :func:`scaled_dot_product_attention` (which attnlab's modules, tutorial adapters and the
+    Hugging Face backend use), until the returned handle's ``remove()``. Hooks run in the order
+    registered; the call's results are the same as without hooks. While any hook is registered,
+    modules with a fused path that computes attention internally (``attnlab.nn.EncoderBlock``)
+    take their module-by-module path, so that every attention call is seen.
+    ``attnlab.interpret.record`` is built on this."""
+    if not callable(hook):
+        raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+    _hooks.append(hook)
+    return _HookHandle(hook)
+
+
+def has_attention_hooks() -> bool:
+    """Whether any attention hook is registered (:func:`register_attention_hook`)."""
+    return bool(_hooks)
 
 
 NORMALIZERS = ("softmax", "sparsemax", "entmax15", "entmax")
@@ -88,12 +140,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         RuntimeError: bad shapes, dtypes or devices, an unknown normalizer, or ``alpha``
             missing, misplaced or not > 1; the message names the argument.
 
-    Inside ``attnlab.interpret.record()`` the call is recorded (weights, and after the backward
-    the gradient with respect to them); its results are the same.
+    Every hook registered with :func:`register_attention_hook` (``attnlab.interpret.record()``
+    among them) sees the call; its results are the same.
     """
-    if _recorder is not None:
-        return _recorder._attend(query, key, value, attn_mask, is_causal, scale, need_weights,
-                                 normalizer, alpha)
+    if not _hooks:
+        output, weights = torch.ops.attnlab.scaled_dot_product_attention(
+            query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha)
+        return output, (weights if need_weights else None)
     output, weights = torch.ops.attnlab.scaled_dot_product_attention(
-        query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha)
+        query, key, value, attn_mask, is_causal, scale, True, normalizer, alpha)
+    call = AttentionCall(query, key, value, attn_mask, is_causal, scale, normalizer, alpha,
+                         output, weights)
+    for hook in tuple(_hooks):
+        hook(call)
     return output, (weights if need_weights else None)

@@ -2,7 +2,8 @@
 // and run on the warp emulator (tests/cpp/cuda_emulation): its tiling, swizzled shared memory,
 // copy pipeline, fragment indexing, masking and online softmax, checked against a float64
 // reference on this machine, which has no GPU. The tensor-core arithmetic itself (and timing,
-// races, the real instructions' layouts) is checked on a GPU by tests/python/test_attention_cuda.py.
+// races, the real instructions' layouts) is checked on a GPU by
+// tests/python/operator/test_attention_cuda.py.
 
 #include "cuda_emulation/warp_emulator.h"
 // The emulator first: it stands in for the device functions of warp_primitives.cuh.

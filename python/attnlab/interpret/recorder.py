@@ -1,43 +1,17 @@
 """The attention recorder: every ``attnlab.functional.scaled_dot_product_attention`` call made
 while it is active keeps its weights and, after the backward, the gradient of the loss with
-respect to them (dP, which the fused backward computes anyway)."""
+respect to them (dP = dO·Vᵀ). It is an attention hook of the operator layer
+(``attnlab.functional.register_attention_hook``); the operator's own autograd formula runs
+unchanged."""
 
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .. import functional
 
-
-class _RecordedAttention(torch.autograd.Function):
-    """The attention operator with its weights kept, and their gradient dP = dO·Vᵀ taken from
-    the fused backward (``_sdpa_backward(..., grad_weights=True)``) instead of an autograd graph
-    over the [..., L_q, L_k] weights."""
-
-    @staticmethod
-    def forward(ctx, query, key, value, attn_mask, is_causal, scale, recorder, index):
-        output, logsumexp, weights = torch.ops.attnlab._sdpa_forward(
-            query, key, value, attn_mask, is_causal, scale, True)
-        ctx.save_for_backward(query, key, value, attn_mask, output, logsumexp, weights)
-        ctx.is_causal, ctx.scale = is_causal, scale
-        ctx.recorder, ctx.index = recorder, index
-        ctx.mark_non_differentiable(weights)
-        ctx.set_materialize_grads(False)
-        return output, weights
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_output, _grad_weights):
-        if grad_output is None:
-            return (None,) * 8
-        query, key, value, attn_mask, output, logsumexp, weights = ctx.saved_tensors
-        grad_mask = attn_mask is not None and ctx.needs_input_grad[3]
-        dq, dk, dv, dmask, dweights = torch.ops.attnlab._sdpa_backward(
-            grad_output, query, key, value, attn_mask, ctx.is_causal, ctx.scale, output,
-            logsumexp, weights, grad_mask, True)
-        ctx.recorder._add_grad(ctx.index, dweights)
-        return dq, dk, dv, (dmask if grad_mask else None), None, None, None, None
+# The active recorders, innermost last: only the innermost one records a call.
+_active: list["Recorder"] = []
 
 
 class Recorder:
@@ -59,49 +33,44 @@ class Recorder:
         self._grads: list[torch.Tensor | None] = []
         self._inputs: list[torch.Tensor] = []
         self._keep_inputs = False
-        self._previous = None
-        self._active = False
+        self._handle = None
 
     def __enter__(self) -> "Recorder":
-        if self._active:
+        if self._handle is not None:
             raise RuntimeError("this Recorder is already active; use a new attnlab.interpret."
                                "record() for a nested recording")
-        self._previous = functional._recorder
-        functional._recorder = self
-        self._active = True
+        _active.append(self)
+        self._handle = functional.register_attention_hook(self._on_call)
         return self
 
     def __exit__(self, *exc_info):
-        functional._recorder = self._previous
-        self._previous = None
-        self._active = False
+        self._handle.remove()
+        self._handle = None
+        _active.remove(self)
         return False
 
     def __len__(self) -> int:
         """The number of attention calls recorded."""
         return len(self._weights)
 
-    def _attend(self, query, key, value, attn_mask, is_causal, scale, need_weights,
-                normalizer="softmax", alpha=None):
-        """One recorded call; results as ``attnlab.functional.scaled_dot_product_attention``."""
-        if normalizer == "softmax" and alpha is None:
-            output, weights = _RecordedAttention.apply(query, key, value, attn_mask, is_causal,
-                                                       scale, self, len(self._weights))
-        else:
-            # A sparse normalizer: the operator's own autograd, and dP = dO·Vᵀ from the output's
-            # gradient as it passes.
-            output, weights = torch.ops.attnlab.scaled_dot_product_attention(
-                query, key, value, attn_mask, is_causal, scale, True, normalizer, alpha)
-            if output.requires_grad:
-                index = len(self._weights)
-                output.register_hook(
-                    lambda grad: self._add_grad(index, grad @ value.transpose(-2, -1)))
-        self._weights.append(weights)
+    def _on_call(self, call: functional.AttentionCall) -> None:
+        """Keeps one call's weights and, as the output's gradient passes in the backward, the
+        gradient with respect to the weights taken as free variables: dO·Vᵀ."""
+        if not _active or _active[-1] is not self:
+            return
+        index = len(self._weights)
+        if call.output.requires_grad:
+            value = call.value.detach()
+            # grad is None where autograd passes an undefined gradient (an output that reached
+            # no loss through this path): nothing to add.
+            call.output.register_hook(
+                lambda grad: None if grad is None
+                else self._add_grad(index, grad @ value.transpose(-2, -1)))
+        self._weights.append(call.weights)
         self._grads.append(None)
         if self._keep_inputs:
-            self._inputs.extend(t for t in (query, key, value, attn_mask)
+            self._inputs.extend(t for t in (call.query, call.key, call.value, call.attn_mask)
                                 if isinstance(t, torch.Tensor) and t.requires_grad)
-        return output, (weights if need_weights else None)
 
     def _add_grad(self, index: int, grad: torch.Tensor):
         previous = self._grads[index]

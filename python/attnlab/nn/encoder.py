@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import is_recording
+from ..functional import has_attention_hooks
 from .multihead import MultiheadAttention, _heads_mask, load_torch_multihead_attention
 
 
@@ -87,7 +87,7 @@ class EncoderBlock(nn.Module):
         if (not x.is_cpu or x.dim() != 3 or x.dtype not in _FUSED_DTYPES
                 or attn.normalizer != "softmax" or x.shape[-1] != attn.input_dim
                 or x.dtype != attn._modules["qkv_proj"]._parameters["weight"].dtype
-                or (mask is not None and mask.requires_grad) or is_recording()):
+                or (mask is not None and mask.requires_grad) or has_attention_hooks()):
             return False
         if self.training:
             ff_dropout = next(m for m in modules["linear_net"] if isinstance(m, nn.Dropout))

@@ -5,7 +5,8 @@ per process, what the tests compare into OUT/rank<r>.json and OUT/rank<r>.pt.
 MODE "train": first one backward pass of DistributedDataParallel on a copy of the model, to
 compare with the processes' own gradients (OUT/rank<r>_gradients.pt), then train,
 checkpointing into OUT; "slow": the same, each batch after the first epoch slowed by 50 ms
-(which changes no result) so that a kill lands mid-epoch."""
+(which changes no result) so that a kill lands mid-epoch; "cli": ``attnlab reverse --fast
+--quiet --out OUT`` with small_config() in place of the --fast configuration."""
 
 import copy
 
@@ -76,5 +77,9 @@ def gradients(task, rank: int, out: Path) -> None:
 if __name__ == "__main__":
     torch.set_num_threads(1)
     mode, out = sys.argv[1], Path(sys.argv[2])
+    if mode == "cli":
+        from attnlab import cli
+        reverse.fast_config = lambda seed=0: small_config()
+        sys.exit(cli.main(["reverse", "--fast", "--quiet", "--out", str(out)]))
     out.mkdir(parents=True, exist_ok=True)
     train(out, slow=mode == "slow")

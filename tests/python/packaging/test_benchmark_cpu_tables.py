@@ -13,7 +13,7 @@ import torch
 
 import attnlab
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import attention_cpu  # noqa: E402

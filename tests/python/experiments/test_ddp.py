@@ -4,7 +4,7 @@ two processes started by torchrun (``python -m torch.distributed.run``), one thr
 Two processes taking batches r, r + 2, ... of the epoch train as one process does on batches
 twice as large (the learning rate doubled, the warm-up halved); their weights stay identical;
 a run killed mid-epoch resumes to the metrics of an uninterrupted one; the command line trains
-under torchrun to the accuracy one process reaches. The same for Lightning's
+under torchrun (to the accuracy one process reaches: a slow test). The same for Lightning's
 ``Trainer(strategy="ddp", devices=2)`` with attnlab's Lightning adapter."""
 
 import json
@@ -159,6 +159,23 @@ def test_full_batch_experiments_refuse_several_processes(command, monkeypatch, c
                       f"process; run it without torchrun")
 
 
+def test_command_line_trains_under_torchrun(tmp_path):
+    # The command line on the small task: its steps, reports, files and checkpoint under
+    # torchrun; the accuracy of the --fast recipe is the slow test's below.
+    run = torchrun(WORKER, "cli", tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["world_size"] == 2 and summary["device"] == "cpu"
+    assert len(summary["history"]) == 3 and summary["steps_per_epoch"] == 20
+    losses = [epoch["train_loss"] for epoch in summary["history"]]
+    assert losses[-1] < losses[0], losses
+    assert run.stdout.count("test accuracy") == 1  # process 0 alone reports
+    for name in ("attention.png", "training.png", "checkpoint.pt"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert load_checkpoint(tmp_path / "checkpoint.pt", "reverse")["world_size"] == 2
+
+
+@pytest.mark.slow
 def test_command_line_under_torchrun_reaches_the_one_process_target(tmp_path):
     # reverse --fast reaches 99 % in one process (test_experiments); two processes must too.
     run = torchrun("-m", "attnlab", "reverse", "--fast", "--quiet", "--out", tmp_path)
@@ -173,6 +190,7 @@ def test_command_line_under_torchrun_reaches_the_one_process_target(tmp_path):
     assert load_checkpoint(tmp_path / "checkpoint.pt", "reverse")["world_size"] == 2
 
 
+@pytest.mark.long  # three Lightning runs of two processes: about 20 s on 2 cores
 def test_lightning_ddp_killed_and_resumed_trains_as_attnlab_does(tmp_path, two_process_run):
     pytest.importorskip("lightning", reason="Lightning is optional (pip install lightning)")
     # Lightning starts the second process itself, in the first one's process group.

@@ -144,6 +144,7 @@ def test_opcheck_forward_and_backward_operators(case):
                            case["mask"] == "float", True))
 
 
+@pytest.mark.long  # inductor compiles: about 20 s on 2 cores with its cache empty (as in CI)
 def test_torch_compile_fullgraph_matches_eager():
     def block(x, w_qkv, mask):
         q, k, v = (x @ w_qkv).chunk(3, dim=-1)

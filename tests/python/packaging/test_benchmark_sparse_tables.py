@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("entmax", reason="the sparse benchmark's baseline is the entmax package "
                                      "(pip install entmax)")
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import sparse_attention_cpu as bench  # noqa: E402

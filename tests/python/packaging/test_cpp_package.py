@@ -15,7 +15,7 @@ import torch
 
 import attnlab
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "cpp-consumer"
 PACKAGE = Path(attnlab.__file__).resolve().parent
 PUBLIC_HEADERS = sorted(p.name for p in (REPO / "cpp" / "include" / "attnlab").glob("*.h"))
@@ -83,6 +83,7 @@ def consumer(tmp_path_factory):
     return build / "consumer"
 
 
+@pytest.mark.long  # its fixture configures and builds the CMake example: over 20 s
 def test_out_of_tree_example_matches_python(consumer, tmp_path):
     module = attnlab.nn.MultiheadAttention(8, 8, 2).eval()
     attnlab.nn.save_for_cpp(module, tmp_path / "state_dict.pt")
@@ -137,6 +138,7 @@ def test_library_names_another_loaded_torch(consumer, tmp_path):
     assert expected in lines[-1]  # and the operator refuses
 
 
+@pytest.mark.long  # one compiler run per public header: about 20 s on 2 cores
 def test_public_headers_compile_on_their_own(tmp_path):
     """Each installed header first in its own translation unit, against the installed
     package only."""

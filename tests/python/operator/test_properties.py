@@ -5,7 +5,7 @@ E_v ≠ E, leading batch dimensions that broadcast), the mask (none, boolean or 
 -inf entries, broadcast along any dimension), causality, the scale, the dtype and the memory
 layout of every input (transposed, sliced, strided, expanded); the values come from a seeded
 generator. Each property runs twice: a default run (about 2,100 examples in all) and a
-`slow`-marked run with 25 times as many (`python3 -m pytest -m slow tests/python/test_properties.py`).
+`slow`-marked run with 25 times as many (`python3 -m pytest -m slow tests/python/operator/test_properties.py`).
 """
 
 import math

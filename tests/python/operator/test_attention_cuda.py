@@ -560,7 +560,7 @@ def test_flash_kernels_on_long_sequences_and_broadcast_keys(dtype, is_causal):
                                      padded[..., :dim])
 
 
-# ---- non-finite values, as on the CPU (tests/python/test_numerical_edge_cases.py) ------------
+# ---- non-finite values, as on the CPU (tests/python/operator/test_numerical_edge_cases.py) ------------
 
 
 @requires_gpu

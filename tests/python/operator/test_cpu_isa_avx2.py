@@ -50,6 +50,7 @@ def test_an_unknown_cap_is_named_and_ignored():
     assert result.stdout.strip() == attnlab.build_info()["cpu_vector_kernels"]
 
 
+@pytest.mark.long  # six test files again in a child process: over 20 s on 2 cores
 @needs_avx2
 def test_numerics_tests_pass_through_the_avx2_kernels():
     result = _capped(["-m", "pytest", "-q", "-p", "no:cacheprovider", *CAPPED_FILES],

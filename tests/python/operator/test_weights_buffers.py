@@ -12,7 +12,7 @@ import torch
 
 import attnlab
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/python: reference.py
 from reference import attention  # noqa: E402
 
 # 4 × 2 × 512 × 512 float32 = 8 MiB of weights: above the 2 MiB from which buffers are pooled.

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import attention_cuda as bench  # noqa: E402
@@ -413,9 +413,9 @@ def test_fuzz_size_is_its_own_setting_and_the_budget_cuts_later_phases():
 
 def test_checks_json_reads_pytest_sanitizer_and_hypothesis_counts(tmp_path):
     log = """==== 21:18:05 fuzz
-tests/python/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twice_torchs_error FAILED [ 22%]
+tests/python/operator/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twice_torchs_error FAILED [ 22%]
 ============================ Hypothesis Statistics =============================
-tests/python/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twice_torchs_error:
+tests/python/operator/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twice_torchs_error:
 
   - during generate phase (55.57 seconds):
     - Typical runtimes: ~ 4-202 ms, of which ~ 2-5 ms in data generation
@@ -438,7 +438,7 @@ tests/python/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twi
     assert found["pytest"] == [{"passed": 8, "failed": 1, "skipped": 0, "errors": 0,
                                 "deselected": 4, "seconds": 92.43}]
     assert found["failed_tests"] == [
-        "tests/python/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twice_torchs_error"]
+        "tests/python/operator/test_cuda_vs_cpu_properties.py::test_half_precision_cuda_within_twice_torchs_error"]
     prop = found["hypothesis"][0]
     assert prop["generate"] == {"passing": 379, "failing": 6, "invalid": 33}
     assert prop["shrink"]["failing"] == 11 and prop["stopped_because"] == "nothing left to do"

@@ -269,10 +269,10 @@ def test_recorder_keeps_other_modules_results_and_a_learnable_mask_gradient():
 def test_recorder_bookkeeping():
     q = torch.randn(2, 3, 4, requires_grad=True)
     sdpa = functional.scaled_dot_product_attention
-    assert not functional.is_recording()
+    assert not functional.has_attention_hooks()
     with record() as outer:
         out1, w = sdpa(q, q, q)
-        assert w is None and functional.is_recording()
+        assert w is None and functional.has_attention_hooks()
         with pytest.raises(RuntimeError, match=r"no gradient recorded yet"):
             outer.grads
         with record() as inner:
@@ -280,7 +280,7 @@ def test_recorder_bookkeeping():
         unused, _ = sdpa(q, q, q)
         with pytest.raises(RuntimeError, match=r"already active"):
             outer.__enter__()
-    assert not functional.is_recording() and functional._recorder is None
+    assert not functional.has_attention_hooks()
     sdpa(q, q, q)  # not recorded
     assert len(outer) == 2 and len(inner) == 1
     (out1.sum() + out2.sum()).backward(retain_graph=True)  # after the blocks
@@ -294,6 +294,31 @@ def test_recorder_bookkeeping():
     assert len(outer) == 0
     with pytest.raises(RuntimeError, match=r"no attention call was recorded"):
         outer.grads
+
+
+def test_attention_hook_sees_every_call_and_leaves_results_unchanged():
+    q, k, v = (torch.randn(2, 2, 5, 4, dtype=torch.float64) for _ in range(3))
+    sdpa = functional.scaled_dot_product_attention
+    expected_out, _ = sdpa(q, k, v, is_causal=True)
+    calls = []
+    with pytest.raises(TypeError, match=r"hook must be callable"):
+        functional.register_attention_hook(3)
+    with functional.register_attention_hook(calls.append):
+        out, w = sdpa(q, k, v, is_causal=True)
+        out2, w2 = sdpa(q, k, v, need_weights=True, normalizer="sparsemax")
+    assert w is None and torch.equal(out, expected_out)
+    assert [c.normalizer for c in calls] == ["softmax", "sparsemax"] and calls[0].is_causal
+    # The hook is given the weights even when the caller did not ask for them.
+    scores = (q @ k.transpose(-2, -1)) / 2 + torch.full((5, 5), float("-inf")).triu(1)
+    close(calls[0].weights, scores.softmax(-1))
+    assert calls[1].weights is w2 and calls[0].output is out
+    sdpa(q, k, v)
+    assert len(calls) == 2 and not functional.has_attention_hooks()
+    handle = functional.register_attention_hook(calls.append)
+    handle.remove()
+    handle.remove()  # a second remove is harmless
+    sdpa(q, k, v)
+    assert len(calls) == 2
 
 
 # ---------------------------------------------------------------- the methods ----------------

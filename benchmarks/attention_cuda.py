@@ -85,8 +85,7 @@ def flops(batch, heads, length, head_size, is_causal, backward):
 
 # Every switch attnlab's CUDA operator reads (cpp/src/cuda/ops.cpp), set or not in the caller's
 # environment: the "attnlab" columns run with none of them.
-KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH", "ATTNLAB_CUDA_FLASH_ROWS", "ATTNLAB_CUDA_FLASH_WARPS",
-                   "ATTNLAB_CUDA_FLASH_WEIGHTS")
+KERNEL_SWITCHES = ("ATTNLAB_CUDA_FLASH_WARPS", "ATTNLAB_CUDA_FLASH_WEIGHTS")
 
 
 def default_kernels():

@@ -16,18 +16,17 @@ sanitizer=${COMPUTE_SANITIZER:-$default_sanitizer}
 read -r -a tools <<<"${SANITIZER_TOOLS:-memcheck racecheck}"
 read -r -a extra <<<"${SANITIZER_ARGS:-}"
 # small_problems covers every kernel: generic (all head-size families), tensor-core (the flash
-# forward and backward; not the earlier kernels kept for comparison, "earlier", to bound the
-# time) and sparse (sparsemax, entmax-1.5, general α).
+# forward and backward) and sparse (sparsemax, entmax-1.5, general α).
 subset=(tests/python/operator/test_attention_cuda.py tests/python/operator/test_sparse_attention_cuda.py
         -p no:cacheprovider -v -rs
-        -k "(small_problems and not earlier) or fully_masked or many_batch_dimensions")
+        -k "small_problems or fully_masked or many_batch_dimensions")
 if [[ ${SANITIZER_OPT_IN:-0} == 1 ]]; then
   # The switches change only the flash forward: the tests that reach it are the tensor-core
   # small problems (8-warp blocks, no weights) and the half-precision weights tests (the flash
   # forward's weights pass, in 8-warp blocks too), from one to several 64-row tiles.
   export ATTNLAB_CUDA_FLASH_WEIGHTS=1 ATTNLAB_CUDA_FLASH_WARPS=8
   subset=(tests/python/operator/test_attention_cuda.py -p no:cacheprovider -v -rs
-          -k "(tensor_core_path and not earlier) or half_precision_weights")
+          -k "tensor_core_path or half_precision_weights")
   echo "== opt-in kernels: ATTNLAB_CUDA_FLASH_WEIGHTS=1 ATTNLAB_CUDA_FLASH_WARPS=8"
 fi
 # Without the caching allocator every tensor is its own allocation, so memcheck sees

@@ -173,7 +173,7 @@ export ATTNLAB_CACHE=$STATE/cache      # the anomaly feature CNN's cache survive
 export MPLBACKEND=Agg
 export TQDM_MININTERVAL=60             # progress bars in the logs: one update a minute
 # The opt-in kernels stay off unless a phase switches them on for itself.
-unset ATTNLAB_CUDA_FLASH ATTNLAB_CUDA_FLASH_ROWS ATTNLAB_CUDA_FLASH_WARPS ATTNLAB_CUDA_FLASH_WEIGHTS
+unset ATTNLAB_CUDA_FLASH_WARPS ATTNLAB_CUDA_FLASH_WEIGHTS
 for cuda_bin in /usr/local/cuda/bin /usr/local/cuda-*/bin; do
   if [[ -x $cuda_bin/nvcc ]] && ! command -v nvcc >/dev/null 2>&1; then
     export PATH=$cuda_bin:$PATH

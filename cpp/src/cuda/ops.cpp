@@ -28,14 +28,6 @@ namespace {
 using at::Tensor;
 using attnlab::with_tail;
 
-// The tensor-core kernels are the FlashAttention-2-style ones (sdpa_flash.cuh);
-// ATTNLAB_CUDA_FLASH=0 selects the earlier ones instead (the WMMA forward of
-// sdpa_tensor_core.cuh and the generic backward), kept to compare the two on a GPU.
-bool flash_kernels_enabled() {
-  const char* choice = std::getenv("ATTNLAB_CUDA_FLASH");
-  return choice == nullptr || std::string_view(choice) != "0";
-}
-
 // need_weights on the flash forward (its second pass over the keys writes the weights): only
 // with ATTNLAB_CUDA_FLASH_WEIGHTS=1 until it has run on a GPU (tested so far on the warp
 // emulator only, tests/cpp/test_flash_emulated.cpp); otherwise the generic forward writes them.
@@ -44,22 +36,9 @@ bool flash_weights_enabled() {
   return choice != nullptr && std::string_view(choice) == "1";
 }
 
-// Query rows per warp of the flash forward. Default by head size, as benchmarks/attention_cuda.py
-// measured it on an NVIDIA H200 (torch 2.11, L = 2048 and 4096, same process): 32 rows at D = 64 (206-251
-// TFLOP/s in bfloat16 against 162-193 with 16 rows; twice the products per K and V fragment
-// loaded) and 16 rows at D = 128 (194-232 against 154-207 with 32 rows, which spill 520 bytes
-// of registers there: see sdpa_flash.cuh). ATTNLAB_CUDA_FLASH_ROWS=16 or 32, read at every
-// call, overrides it.
-int flash_rows_per_warp(int head_size) {
-  const char* choice = std::getenv("ATTNLAB_CUDA_FLASH_ROWS");
-  if (choice != nullptr && std::string_view(choice) == "32") return 32;
-  if (choice != nullptr && std::string_view(choice) == "16") return 16;
-  return head_size <= 64 ? 32 : 16;
-}
-
 // Warps per block of the flash forward: 4 (default), or with ATTNLAB_CUDA_FLASH_WARPS=8 (read
-// at every call) blocks of 8 warps of 16 query rows, 128 rows per block, whatever
-// ATTNLAB_CUDA_FLASH_ROWS says: tested on the warp emulator, not yet timed on a GPU.
+// at every call) blocks of 8 warps of 16 query rows, 128 rows per block: tested on the warp
+// emulator, not yet timed on a GPU.
 int flash_block_warps() {
   const char* choice = std::getenv("ATTNLAB_CUDA_FLASH_WARPS");
   return choice != nullptr && std::string_view(choice) == "8" ? 8 : 4;
@@ -82,9 +61,9 @@ bool aligned_rows(const MatrixOperand& op, int dims) {
 // rows aligned); anything else takes the generic kernels.
 bool tensor_core_kernels_apply(const SdpaProblem& p, at::ScalarType dtype, bool need_weights) {
   if (dtype == at::kFloat || need_weights || p.mask.data != nullptr) return false;
-  // mma.sync m16n8k16, cp.async and bfloat16 WMMA need sm_80 (the kernels trap if built for an
-  // older GPU). Asked of the
-  // CUDA runtime: at::cuda's device properties would make libattnlab need libtorch_cuda.
+  // mma.sync m16n8k16 on bfloat16 and cp.async need sm_80 (the kernels trap if built for an
+  // older GPU). Asked of the CUDA runtime: at::cuda's device properties would make libattnlab
+  // need libtorch_cuda.
   int major = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
                                         c10::cuda::current_device()));
@@ -123,24 +102,19 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
   BatchIndexer batch(batch_shape);
   const SdpaProblem p = make_problem(batch, query, key, value, attn_mask, is_causal, scale);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool flash = flash_kernels_enabled();
-  // With weights, only the flash forward of the tensor-core kernels writes them.
-  const bool tensor_cores = tensor_core_kernels_apply(
-      p, query.scalar_type(), need_weights && !(flash && flash_weights_enabled()));
+  // With weights, the flash forward writes them only when ATTNLAB_CUDA_FLASH_WEIGHTS=1.
+  const bool flash = tensor_core_kernels_apply(p, query.scalar_type(),
+                                               need_weights && !flash_weights_enabled());
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;
     with_head_family(std::max(p.dim_qk, p.dim_v), [&](auto family) {
       constexpr int kHead = decltype(family)::value;
       if constexpr (!std::is_same_v<T, float> && (kHead == 64 || kHead == 128)) {
-        if (tensor_cores) {
-          if (flash) {
-            return sdpa_forward_flash<T, kHead>(
-                p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
-                need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr,
-                flash_rows_per_warp(kHead), flash_block_warps(), stream);
-          }
-          return sdpa_forward_tensor_core<T, kHead>(p, static_cast<T*>(output.data_ptr()),
-                                                    lse.data_ptr<float>(), stream);
+        if (flash) {
+          return sdpa_forward_flash<T, kHead>(
+              p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
+              need_weights ? static_cast<T*>(weights.data_ptr()) : nullptr, flash_block_warps(),
+              stream);
         }
       }
       sdpa_forward<T, kHead>(p, static_cast<T*>(output.data_ptr()), lse.data_ptr<float>(),
@@ -193,8 +167,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   // Per query row: delta (flash), or max, 1/sum and delta (generic).
   Tensor row_scratch = at::empty({3 * p.batch * len_q}, options.dtype(at::kFloat));
-  const bool flash = !mask_grad && flash_kernels_enabled() &&
-                     tensor_core_kernels_apply(p, query.scalar_type(), false) &&
+  const bool flash = !mask_grad && tensor_core_kernels_apply(p, query.scalar_type(), false) &&
                      aligned_rows(dout, p.shape.dims);
   with_cuda_type(query.scalar_type(), [&](auto type) {
     using T = typename decltype(type)::type;

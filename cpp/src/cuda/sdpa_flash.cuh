@@ -810,16 +810,19 @@ void launch_flash_forward(const SdpaProblem& p, T* output, float* logsumexp, T* 
                  weights);
 }
 
+// Query rows per warp in blocks of 4 warps, by head size, as benchmarks/attention_cuda.py
+// measured them on an NVIDIA H200: 32 at D = 64 (twice the products per K and V fragment
+// loaded), 16 at D = 128 (32 rows spill registers there).
+template <int kHead>
+constexpr int kFlashRowsPerWarp = kHead <= 64 ? 32 : 16;
+
 template <typename T, int kHead>
 void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
-                        int rows_per_warp, int block_warps, cudaStream_t stream) {
+                        int block_warps, cudaStream_t stream) {
   if (block_warps == 8) {
     return launch_flash_forward<T, kHead, 16, 8>(p, output, logsumexp, weights, stream);
   }
-  if (rows_per_warp == 32) {
-    return launch_flash_forward<T, kHead, 32>(p, output, logsumexp, weights, stream);
-  }
-  launch_flash_forward<T, kHead, 16>(p, output, logsumexp, weights, stream);
+  launch_flash_forward<T, kHead, kFlashRowsPerWarp<kHead>>(p, output, logsumexp, weights, stream);
 }
 
 template <typename T, int kHead>
@@ -843,7 +846,7 @@ void sdpa_backward_flash(const SdpaProblem& p, const MatrixOperand& grad_output,
 
 #define ATTNLAB_INSTANTIATE_SDPA_FLASH(T, kHead)                                               \
   namespace attnlab::cuda {                                                                    \
-  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, T*, int, int,     \
+  template void sdpa_forward_flash<T, kHead>(const SdpaProblem&, T*, float*, T*, int,          \
                                              cudaStream_t);                                    \
   template void sdpa_backward_flash<T, kHead>(const SdpaProblem&, const MatrixOperand&,        \
                                               const T*, const float*, float*, float*, T*, T*,  \

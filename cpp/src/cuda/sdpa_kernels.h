@@ -18,20 +18,15 @@ template <typename T, int kHead>
 void sdpa_forward(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
                   cudaStream_t stream);
 
-// The same forward on tensor cores (sm_80+) for T = __half or __nv_bfloat16 and
-// dim_qk == dim_v == kHead ∈ {64, 128}, without mask or weights. Needs unit column strides and
-// 16-byte-aligned rows (pointers, row and batch strides): see tensor_core_kernels_apply.
-template <typename T, int kHead>
-void sdpa_forward_tensor_core(const SdpaProblem& p, T* output, float* logsumexp,
-                              cudaStream_t stream);
-
-// The same conditions, on the FlashAttention-2-style kernel (mma.sync, ldmatrix, cp.async;
-// sm_80+): the default tensor-core forward. rows_per_warp: 16 or 32 query rows per warp, in
-// blocks of 4 warps; block_warps = 8: blocks of 8 warps of 16 rows (rows_per_warp ignored).
-// weights (may be null): as sdpa_forward's, written by a second pass over the keys.
+// The same forward on tensor cores, FlashAttention-2-style (mma.sync, ldmatrix, cp.async;
+// sm_80+), for T = __half or __nv_bfloat16 and dim_qk == dim_v == kHead ∈ {64, 128}, without
+// mask. Needs unit column strides and 16-byte-aligned rows (pointers, row and batch strides):
+// see tensor_core_kernels_apply. Blocks of 4 warps of 32 query rows at kHead = 64 and of 16 at
+// kHead = 128, or with block_warps = 8, blocks of 8 warps of 16 rows. weights (may be null): as
+// sdpa_forward's, written by a second pass over the keys.
 template <typename T, int kHead>
 void sdpa_forward_flash(const SdpaProblem& p, T* output, float* logsumexp, T* weights,
-                        int rows_per_warp, int block_warps, cudaStream_t stream);
+                        int block_warps, cudaStream_t stream);
 
 // The backward on tensor cores under the same conditions (grad_output too: unit column stride,
 // 16-byte-aligned rows); outputs as sdpa_backward's, without grad_mask. grad_query_accum is

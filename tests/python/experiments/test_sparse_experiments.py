@@ -13,7 +13,7 @@ from attnlab.nn import AdditiveAttention, ScaledDotProductAttention
 from attnlab.tasks import anomaly, permutation, reverse
 from attnlab.tasks.sparsity import attention_zero_counts
 
-import sparse_reference as ref
+import reference as ref
 from cli_runner import run_cli
 
 NORMALIZERS = ("softmax", "sparsemax", "entmax15")

@@ -498,17 +498,11 @@ def test_small_problems_every_kernel(dtype, dim):
 @pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("is_causal", [False, True])
 @pytest.mark.parametrize("layout", ["contiguous", "heads_last", "sliced", "column_major"])
-@pytest.mark.parametrize("kernels", ["flash", "earlier"])
-def test_small_problems_tensor_core_path(dtype, dim, is_causal, layout, kernels, monkeypatch):
-    # Half precision at D = 64/128 without a mask takes the tensor-core kernels when rows are
-    # contiguous and 16-byte aligned (contiguous, heads_last), the generic ones otherwise; lengths
-    # cut the 64-row tiles, both ways round for the causal mask. The tensor-core kernels are the
-    # FlashAttention-2-style forward and backward, or with ATTNLAB_CUDA_FLASH=0 the earlier WMMA
-    # forward and generic backward. Small enough for the sanitizers.
-    if kernels == "earlier":
-        monkeypatch.setenv("ATTNLAB_CUDA_FLASH", "0")
-    else:
-        monkeypatch.delenv("ATTNLAB_CUDA_FLASH", raising=False)
+def test_small_problems_tensor_core_path(dtype, dim, is_causal, layout):
+    # Half precision at D = 64/128 without a mask takes the tensor-core kernels (the
+    # FlashAttention-2-style forward and backward) when rows are contiguous and 16-byte aligned
+    # (contiguous, heads_last), the generic ones otherwise; lengths cut the 64-row tiles, both
+    # ways round for the causal mask. Small enough for the sanitizers.
     for len_q, len_k in [(70, 130), (130, 70)]:
         q, k, v = _half_inputs((2, 3, len_q, dim), (2, 3, len_k, dim), dim, dtype,
                                seed=len_q + dim)

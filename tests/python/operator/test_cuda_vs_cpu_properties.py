@@ -579,8 +579,6 @@ def kernels_run(run):
 
 
 @requires_gpu
-@pytest.mark.skipif(os.environ.get("ATTNLAB_CUDA_FLASH") == "0",
-                    reason="ATTNLAB_CUDA_FLASH=0 switches the flash kernels off")
 @fuzz(half_cases(), 30, derandomize=True)
 def test_flash_eligible_cases_run_the_flash_kernels(drawn):
     # The predicate the strategy is built on, checked against the kernels the GPU runs.

@@ -305,8 +305,6 @@ test_additive_scores_match_reference, test_additive_scores_match_reference_slow 
 
 # ---- sparse normalizers (sparsemax, entmax-1.5, α-entmax) ------------------------------------
 
-import sparse_reference  # noqa: E402  (float64 sort-based and bisection references)
-
 NORMALIZER_CHOICES = st.one_of(
     st.sampled_from([("sparsemax", None), ("entmax15", None), ("entmax", 2.5)]),
     st.floats(1.1, 1.9).map(lambda a: ("entmax", a)))
@@ -315,8 +313,8 @@ NORMALIZER_CHOICES = st.one_of(
 def near_threshold(case, alpha):
     """Whether a visible score lies within float32 rounding of its row's threshold, where
     sparsemax's gradient jumps (a float32 kernel may then find the other support)."""
-    z = sparse_reference.scores(case.query, case.key, case.attn_mask, case.is_causal, case.scale)
-    _, tau = sparse_reference.normalize(z, alpha)
+    z = reference.scores(case.query, case.key, case.attn_mask, case.is_causal, case.scale)
+    _, tau = reference.normalize(z, alpha)
     gap = ((alpha - 1) * z - tau).abs()
     finite = torch.isfinite(gap)
     if not finite.any():
@@ -332,13 +330,15 @@ def check_sparse_attention(drawn):
     α > 2 (s = p^(2−α) is unbounded at the support's edge) nor, in float32, for sparsemax
     examples with a score within rounding of the threshold (its gradient jumps there)."""
     case, (normalizer, alpha) = drawn
-    a = sparse_reference.alpha_of(normalizer, alpha)
+    a = reference.alpha_of(normalizer, alpha)
     q, k, v, mask = leaves(case)
     need_weights = q.numel() % 2 == 0  # both backward paths: stored weights or recomputed
     output, weights = attnlab.scaled_dot_product_attention(
         q, k, v, mask, case.is_causal, case.scale, need_weights, normalizer, alpha)
-    ref_output, ref_weights, ref_tau = sparse_reference.attention(
-        **case.args(), normalizer=normalizer, alpha=alpha)
+    ref_output, ref_weights = reference.attention(**case.args(), normalizer=normalizer,
+                                                  alpha=alpha)
+    ref_tau = reference.threshold(case.query, case.key, case.attn_mask, case.is_causal,
+                                  case.scale, normalizer, alpha)
     dtype = case.query.dtype
     assert output.dtype == dtype
     assert_matches(output, ref_output, "output", dtype)
@@ -353,8 +353,8 @@ def check_sparse_attention(drawn):
     ref_tau = ref_tau.expand(tau.shape)
     seen = torch.isfinite(ref_tau)
     assert torch.equal(torch.isinf(tau), ~seen)
-    z_max = sparse_reference.scores(case.query, case.key, case.attn_mask, case.is_causal,
-                                    case.scale).amax(-1).expand(tau.shape)
+    z_max = reference.scores(case.query, case.key, case.attn_mask, case.is_causal,
+                             case.scale).amax(-1).expand(tau.shape)
     # tau sits at the scores' scale: compare relative to it.
     assert_matches(tau[seen], ref_tau[seen], "tau", dtype,
                    magnitude=(a - 1) * z_max[seen].abs().max().item() if seen.any() else None)
@@ -368,7 +368,7 @@ def check_sparse_attention(drawn):
     grads = torch.autograd.grad(output, inputs, grad_output)
     ref_leaves = [t.detach().double().requires_grad_() for t in inputs]
     ref_mask = ref_leaves[3] if len(ref_leaves) > 3 else case.attn_mask
-    ref_out, _, _ = sparse_reference.attention(
+    ref_out, _ = reference.attention(
         *ref_leaves[:3], ref_mask, case.is_causal, case.scale, normalizer, alpha)
     refs = torch.autograd.grad(ref_out, ref_leaves, grad_output.double())
     for name, grad, ref in zip(["query", "key", "value"], grads, refs):

@@ -1,6 +1,10 @@
-"""Sparse normalizers (sparsemax, entmax-1.5, α-entmax) in attnlab's attention operator, against
-the float64 references of sparse_reference.py (sort-based sparsemax and entmax-1.5, α-entmax by
-bisection to 1e-12), written with plain torch ops."""
+"""What only the sparse normalizers (sparsemax, entmax-1.5, α-entmax) have: the threshold τ and
+the support value their operators return, exact zeros, α itself, the register-resident path of
+their kernel, their bad-input messages, float16 and bfloat16 on the CPU, and their use in the
+modules, the recorder and the Hugging Face backend; all against the float64 references of
+reference.py. What every normalizer shares (values, weights and gradients against the
+reference, gradcheck, opcheck, torch.compile) is tested once for all of them in
+test_attention.py and test_attention_autograd.py."""
 
 import math
 
@@ -8,15 +12,14 @@ import pytest
 import torch
 
 import attnlab
-import sparse_reference as ref
+import reference as ref
 from attnlab import nn as attn_nn
+from reference import assert_close
 
 sdpa = attnlab.scaled_dot_product_attention
 
-# (normalizer, alpha) pairs; the exact paths, and α-entmax by bisection below and above 2.
-NORMALIZERS = [("sparsemax", None), ("entmax15", None), ("entmax", 1.3), ("entmax", 1.75),
-               ("entmax", 3.0)]
-IDS = ["sparsemax", "entmax15", "entmax1.3", "entmax1.75", "entmax3"]
+NORMALIZERS = ref.SPARSE_NORMALIZERS
+IDS = ref.ids(NORMALIZERS)
 
 
 def make(*shape, seed=0, dtype=torch.float64, scale=1.0):
@@ -24,27 +27,10 @@ def make(*shape, seed=0, dtype=torch.float64, scale=1.0):
     return scale * torch.randn(*shape, generator=gen, dtype=dtype)
 
 
-def assert_close(actual, expected, what, dtype, gradient=False):
-    """float64: 1e-9 (1e-7 for gradients, which the reference's 1e-12 bisection bounds);
-    float32: 1e-5 (1e-4 for gradients) of the largest expected entry."""
-    assert actual.shape == expected.shape, f"{what}: shape {list(actual.shape)} != {list(expected.shape)}"
-    if dtype == torch.float64:
-        tol = 1e-7 if gradient else 1e-9
-    else:
-        tol = 1e-4 if gradient else 1e-5
-    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
-    torch.testing.assert_close(actual.double(), expected.double(), rtol=0, atol=tol * scale,
-                               msg=lambda m: f"{what}: {m}")
-
-
 def margin(query, key, attn_mask, is_causal, scale, normalizer, alpha):
     """The smallest |(α−1)·z − τ| over visible entries: how far the inputs are from a change of
     support."""
-    a = ref.alpha_of(normalizer, alpha)
-    z = ref.scores(query, key, attn_mask, is_causal, scale)
-    _, tau = ref.normalize(z, a)
-    gap = ((a - 1) * z - tau).abs()
-    return gap[torch.isfinite(gap)].min().item()
+    return ref.support_gaps(query, key, attn_mask, is_causal, scale, normalizer, alpha).min().item()
 
 
 def problem(seed, dtype, batch=(2, 3), len_q=11, len_k=13, dim=8, dim_v=5, scale_inputs=1.0):
@@ -54,10 +40,18 @@ def problem(seed, dtype, batch=(2, 3), len_q=11, len_k=13, dim=8, dim_v=5, scale
     return q, k, v
 
 
-# ---- values, weights, thresholds -------------------------------------------------------------
+def support_value(weights, value, alpha):
+    """U = Σ s·v / Σ s with s = p^(2−α) on the support (0 for a row without keys)."""
+    s = torch.where(weights > 0, weights.clamp(min=1e-300) ** (2 - alpha),
+                    torch.zeros_like(weights))
+    return (s @ value.double()) / s.sum(-1, keepdim=True).clamp(min=1e-300)
+
+
+# ---- τ and the support value ---------------------------------------------------------------
 
 SHAPES = {  # the kernel's three row paths: short rows (dense, no lists), long sparse rows
-    # (support lists, gathered products) and long dense rows (lists turned dense)
+    # (support lists, gathered products) and long dense rows (lists turned dense); their values
+    # and weights are checked for every normalizer in test_attention.py
     "short": dict(len_q=11, len_k=13, scale=None),
     "long sparse": dict(len_q=9, len_k=300, scale=2.0),
     "long dense": dict(len_q=9, len_k=300, scale=1e-3),
@@ -67,39 +61,41 @@ SHAPES = {  # the kernel's three row paths: short rows (dense, no lists), long s
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_values_weights_and_tau_match_reference(normalizer, alpha, shape, dtype):
+def test_tau_and_support_value_match_reference(normalizer, alpha, shape, dtype):
     s = SHAPES[shape]
+    a = ref.alpha_of(normalizer, alpha)
     q, k, v = problem(3, dtype, len_q=s["len_q"], len_k=s["len_k"])
     mask = make(s["len_q"], s["len_k"], seed=9) > -1.0  # boolean, broadcast over the batch
     for causal in (False, True):
-        output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(
-            q, k, v, mask, causal, s["scale"], True, ref.alpha_of(normalizer, alpha))
-        ref_out, ref_w, ref_tau = ref.attention(q, k, v, mask, causal, s["scale"], normalizer,
-                                                alpha)
-        assert output.dtype == tau.dtype == support_value.dtype == weights.dtype == dtype
-        assert_close(output, ref_out, "output", dtype)
-        assert_close(weights, ref_w, "weights", dtype)
+        output, tau, u, weights = torch.ops.attnlab._sparse_sdpa_forward(
+            q, k, v, mask, causal, s["scale"], True, a)
+        assert output.dtype == tau.dtype == u.dtype == weights.dtype == dtype
+        # The operator's output and weights are the public function's.
+        public = sdpa(q, k, v, mask, causal, s["scale"], True, normalizer, alpha)
+        assert torch.equal(output, public[0]) and torch.equal(weights, public[1])
+        ref_tau = ref.threshold(q, k, mask, causal, s["scale"], normalizer, alpha)
         seen = torch.isfinite(ref_tau)
         assert torch.equal(torch.isinf(tau), ~seen), "tau is +inf exactly for rows without keys"
         assert_close(tau[seen], ref_tau[seen], "tau", dtype)
-        # U = Σ s·v / Σ s with s = p^(2−α) on the support.
-        s_ref = torch.where(ref_w > 0, ref_w.clamp(min=1e-300) ** (2 - ref.alpha_of(normalizer, alpha)),
-                            torch.zeros_like(ref_w))
-        u_ref = (s_ref @ v.double()) / s_ref.sum(-1, keepdim=True).clamp(min=1e-300)
-        assert_close(support_value, u_ref, "support_value", dtype, gradient=True)
-        # Same output through the public function, weights or not.
-        out2, none = sdpa(q, k, v, mask, causal, s["scale"], normalizer=normalizer, alpha=alpha)
-        assert none is None
-        torch.testing.assert_close(out2, output, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
+        _, ref_w = ref.attention(q, k, v, mask, causal, s["scale"], normalizer, alpha)
+        assert_close(u, support_value(ref_w, v, a), "support_value", dtype, gradient=True)
 
 
-def gaps(query, key, attn_mask, is_causal, scale, normalizer, alpha):
-    """|(α−1)·z − τ| per entry (inf where hidden): an entry's distance from the threshold."""
-    a = ref.alpha_of(normalizer, alpha)
-    z = ref.scores(query, key, attn_mask, is_causal, scale)
-    _, tau = ref.normalize(z, a)
-    return ((a - 1) * z - tau).abs().nan_to_num(nan=math.inf)
+@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
+def test_rows_without_keys_have_infinite_tau_and_zeros(normalizer, alpha):
+    q, k, v = problem(60, torch.float64, batch=(2,))
+    mask = make(11, 13, seed=61) > 0
+    mask[3] = False
+    mask[7] = False
+    output, tau, u, weights = torch.ops.attnlab._sparse_sdpa_forward(
+        q, k, v, mask, False, None, True, ref.alpha_of(normalizer, alpha))
+    for t in (output, u, weights):
+        assert torch.equal(t[:, [3, 7]], torch.zeros_like(t[:, [3, 7]]))
+    assert torch.isinf(tau[:, [3, 7]]).all() and (tau[:, [3, 7]] > 0).all()
+    assert torch.isfinite(tau[:, [0, 1, 2, 4]]).all()
 
+
+# ---- exact zeros and α ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
 def test_exact_zeros_where_the_reference_has_zeros(normalizer, alpha):
@@ -108,11 +104,11 @@ def test_exact_zeros_where_the_reference_has_zeros(normalizer, alpha):
     for dtype, clear in ((torch.float64, 1e-9), (torch.float32, 1e-6)):
         for len_k, scale in ((16, 2.0), (200, 2.0), (200, 0.05)):
             q, k, v = problem(11, dtype, batch=(3,), len_q=20, len_k=len_k)
-            sure = gaps(q, k, None, False, scale, normalizer, alpha) > clear
+            sure = ref.support_gaps(q, k, None, False, scale, normalizer, alpha) > clear
             assert sure.double().mean() > 0.99
             _, weights = sdpa(q, k, v, scale=scale, need_weights=True, normalizer=normalizer,
                               alpha=alpha)
-            _, ref_w, _ = ref.attention(q, k, v, None, False, scale, normalizer, alpha)
+            _, ref_w = ref.attention(q, k, v, None, False, scale, normalizer, alpha)
             assert torch.equal((weights == 0)[sure], (ref_w == 0)[sure])
             assert (weights > 0).any() and torch.all(weights >= 0)
             assert (weights == 0).any() or scale < 1
@@ -142,269 +138,6 @@ def test_normalizers_differ_and_softmax_is_unchanged():
     torch.testing.assert_close(near_soft, soft[1], rtol=0, atol=1e-3)
 
 
-# ---- gradients ------------------------------------------------------------------------------
-
-# s = p^(2−α) is unbounded as p → 0 for α > 2: float32 gradients of α > 2 lose digits near the
-# support's edge, so α = 3 is checked in float64 only.
-GRADIENT_CASES = [(n, a, dtype) for (n, a) in NORMALIZERS for dtype in (torch.float64, torch.float32)
-                  if not (a is not None and a > 2 and dtype == torch.float32)]
-
-
-@pytest.mark.parametrize("need_weights", [False, True], ids=["recomputed", "from-weights"])
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("normalizer,alpha,dtype", GRADIENT_CASES,
-                         ids=[f"{n if a is None else f'entmax{a}'}-{str(d)[-7:]}" for n, a, d in GRADIENT_CASES])
-def test_gradients_match_reference(normalizer, alpha, dtype, shape, need_weights):
-    s = SHAPES[shape]
-    q, k, v = problem(21, dtype, len_q=s["len_q"], len_k=s["len_k"])
-    mask = make(3, s["len_q"], s["len_k"], seed=4, dtype=dtype)  # float: [heads, L_q, L_k]
-    mask = mask.masked_fill(make(s["len_q"], s["len_k"], seed=8) > 1.2, -math.inf)
-    causal = shape != "long dense"
-    # Away from changes of support, where sparsemax's gradient jumps.
-    assert margin(q, k, mask, causal, s["scale"], normalizer, alpha) > 1e-5
-    leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
-    output, _ = sdpa(*leaves[:3], leaves[3], causal, s["scale"], need_weights, normalizer, alpha)
-    grad = make(*output.shape, seed=30, dtype=dtype)
-    grads = torch.autograd.grad(output, leaves, grad)
-    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, mask)]
-    ref_out, _, _ = ref.attention(*ref_leaves[:3], ref_leaves[3], causal, s["scale"], normalizer,
-                                  alpha)
-    ref_grads = torch.autograd.grad(ref_out, ref_leaves, grad.double())
-    for name, got, want in zip(["query", "key", "value", "attn_mask"], grads, ref_grads):
-        assert got.dtype == dtype
-        assert_close(got, want, f"gradient of {name}", dtype, gradient=True)
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_gradcheck_float64(normalizer, alpha):
-    # Sparsemax's gradient jumps where the support changes: inputs at least 1e-3 away.
-    q, k, v = (t.requires_grad_() for t in problem(40, torch.float64, batch=(2,), len_q=4,
-                                                   len_k=6, dim=3, dim_v=2))
-    mask = make(4, 6, seed=41).requires_grad_()
-    assert margin(q, k, mask, False, 1.5, normalizer, alpha) > 1e-3
-
-    def fn(q, k, v, mask):
-        return sdpa(q, k, v, mask, False, 1.5, normalizer=normalizer, alpha=alpha)[0]
-
-    assert torch.autograd.gradcheck(fn, (q, k, v, mask))
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS[:3], ids=IDS[:3])
-def test_gradcheck_causal_bool_mask_and_broadcast(normalizer, alpha):
-    q = make(2, 1, 5, 3, seed=50).requires_grad_()
-    k = make(1, 3, 5, 3, seed=51).requires_grad_()
-    v = make(5, 2, seed=52).requires_grad_()
-    mask = make(5, 5, seed=53) > -0.8
-    mask[2] = False  # a fully masked row
-    assert margin(q, k, mask, True, 2.0, normalizer, alpha) > 1e-3
-
-    def fn(q, k, v):
-        return sdpa(q, k, v, mask, True, 2.0, normalizer=normalizer, alpha=alpha)[0]
-
-    assert torch.autograd.gradcheck(fn, (q, k, v))
-
-
-# ---- edge cases -----------------------------------------------------------------------------
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_fully_masked_rows_give_zeros_forward_and_backward(normalizer, alpha):
-    q, k, v = (t.requires_grad_() for t in problem(60, torch.float64, batch=(2,)))
-    mask = make(11, 13, seed=61) > 0
-    mask[3] = False
-    mask[7] = False
-    output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(
-        q.detach(), k.detach(), v.detach(), mask, False, None, True, ref.alpha_of(normalizer, alpha))
-    for t in (output, support_value, weights):
-        assert torch.equal(t[:, [3, 7]], torch.zeros_like(t[:, [3, 7]]))
-    assert torch.isinf(tau[:, [3, 7]]).all() and (tau[:, [3, 7]] > 0).all()
-    assert torch.isfinite(tau[:, [0, 1, 2, 4]]).all()
-    out, _ = sdpa(q, k, v, mask, normalizer=normalizer, alpha=alpha)
-    dq, = torch.autograd.grad(out.sum(), q)
-    assert torch.equal(dq[:, [3, 7]], torch.zeros_like(dq[:, [3, 7]]))
-    assert torch.isfinite(dq).all()
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_no_keys_at_all(normalizer, alpha):
-    q = make(2, 4, 3, seed=1).requires_grad_()
-    k, v = make(2, 0, 3, seed=2).requires_grad_(), make(2, 0, 5, seed=3).requires_grad_()
-    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    assert out.shape == (2, 4, 5) and torch.equal(out, torch.zeros_like(out))
-    assert w.shape == (2, 4, 0)
-    dq, dk, dv = torch.autograd.grad(out.sum(), (q, k, v))
-    assert torch.equal(dq, torch.zeros_like(dq)) and dk.shape == (2, 0, 3) and dv.shape == (2, 0, 5)
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_causal_rows_beyond_and_before_the_keys(normalizer, alpha):
-    for len_q, len_k in ((9, 4), (4, 9), (70, 70), (3, 100)):
-        q, k, v = problem(70, torch.float64, batch=(2,), len_q=len_q, len_k=len_k)
-        out, w = sdpa(q, k, v, is_causal=True, need_weights=True, normalizer=normalizer, alpha=alpha)
-        ref_out, ref_w, _ = ref.attention(q, k, v, None, True, None, normalizer, alpha)
-        assert_close(out, ref_out, "output", torch.float64)
-        assert_close(w, ref_w, "weights", torch.float64)
-        hidden = ~torch.ones(len_q, len_k, dtype=torch.bool).tril()
-        assert torch.equal(w[:, hidden], torch.zeros_like(w[:, hidden]))
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_ties(normalizer, alpha):
-    # All scores equal: every normalizer gives the uniform distribution.
-    q = torch.zeros(3, 7, 4, dtype=torch.float64)
-    k, v = make(3, 10, 4, seed=80), make(3, 10, 2, seed=81)
-    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    torch.testing.assert_close(w, torch.full_like(w, 0.1), rtol=0, atol=1e-12)
-    torch.testing.assert_close(out, v.mean(-2, keepdim=True).expand(3, 7, 2), rtol=0, atol=1e-12)
-    # Two tied leaders far above the rest: half each.
-    scores_k = torch.zeros(1, 6, 1, dtype=torch.float64)
-    scores_k[0, 1] = scores_k[0, 4] = 50.0
-    q1 = torch.ones(1, 2, 1, dtype=torch.float64)
-    _, w = sdpa(q1, scores_k, make(1, 6, 3, seed=82), scale=1.0, need_weights=True,
-                normalizer=normalizer, alpha=alpha)
-    expected = torch.zeros(1, 2, 6, dtype=torch.float64)
-    expected[..., [1, 4]] = 0.5
-    assert torch.equal(w == 0, expected == 0)
-    torch.testing.assert_close(w, expected, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_huge_and_tiny_logits(normalizer, alpha, dtype):
-    q, k, v = problem(90, dtype, batch=(2,), len_q=6, len_k=150)
-    # Huge: a one-hot row on the largest score, finite everywhere.
-    out, w = sdpa(q, k, v, scale=1e6, need_weights=True, normalizer=normalizer, alpha=alpha)
-    ref_out, ref_w, _ = ref.attention(q, k, v, None, False, 1e6, normalizer, alpha)
-    assert torch.equal(w, ref_w.to(dtype)) and ((w == 1).sum(-1) == 1).all()
-    assert_close(out, ref_out, "output, huge logits", dtype)
-    if dtype == torch.float64:
-        # The backward recomputes p from tau in the inputs' dtype: at logits of 1e6 float64
-        # resolves it (float32 does not, as it would not resolve a log-sum-exp).
-        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        out, _ = sdpa(*leaves, scale=1e6, normalizer=normalizer, alpha=alpha)
-        grads = torch.autograd.grad(out.sum(), leaves)
-        ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-        ref_out, _, _ = ref.attention(*ref_leaves, None, False, 1e6, normalizer, alpha)
-        for got, want in zip(grads, torch.autograd.grad(ref_out.sum(), ref_leaves)):
-            assert_close(got, want, "gradient, huge logits", dtype, gradient=True)
-    # Scores near the float range: still finite, still one-hot.
-    big = torch.tensor([[[1e30], [-1e30], [3e29]]], dtype=dtype)
-    _, w = sdpa(torch.ones(1, 1, 1, dtype=dtype), big, big, scale=1.0, need_weights=True,
-                normalizer=normalizer, alpha=alpha)
-    assert torch.equal(w, torch.tensor([[[1.0, 0.0, 0.0]]], dtype=dtype))
-    # Tiny: every key in the support, close to uniform.
-    out, w = sdpa(q, k, v, scale=1e-9, need_weights=True, normalizer=normalizer, alpha=alpha)
-    ref_out, ref_w, _ = ref.attention(q, k, v, None, False, 1e-9, normalizer, alpha)
-    assert (w > 0).all()
-    assert_close(w, ref_w, "weights, tiny logits", dtype)
-    assert_close(out, ref_out, "output, tiny logits", dtype)
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_length_one(normalizer, alpha):
-    q, k, v = problem(100, torch.float64, batch=(3,), len_q=5, len_k=1)
-    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    assert torch.equal(w, torch.ones_like(w))
-    torch.testing.assert_close(out, v.expand(3, 5, v.shape[-1]))
-    q, k, v = problem(101, torch.float64, batch=(3,), len_q=1, len_k=9)
-    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    ref_out, ref_w, _ = ref.attention(q, k, v, None, False, None, normalizer, alpha)
-    assert_close(w, ref_w, "weights", torch.float64)
-    assert_close(out, ref_out, "output", torch.float64)
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_empty_batch(normalizer, alpha):
-    q = torch.randn(0, 3, 5, 4, requires_grad=True)
-    k = torch.randn(0, 3, 6, 4, requires_grad=True)
-    v = torch.randn(0, 3, 6, 2, requires_grad=True)
-    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    assert out.shape == (0, 3, 5, 2) and w.shape == (0, 3, 5, 6)
-    grads = torch.autograd.grad(out.sum(), (q, k, v))
-    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
-
-
-@pytest.mark.parametrize("normalizer,alpha", NORMALIZERS, ids=IDS)
-def test_nan_stays_in_its_row(normalizer, alpha):
-    q, k, v = problem(110, torch.float32, batch=(2,), len_q=4, len_k=70)
-    q[1, 2, 0] = math.nan
-    out, w = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    assert torch.isnan(out[1, 2]).all() and torch.isnan(w[1, 2]).all()
-    rest = torch.ones(2, 4, dtype=torch.bool)
-    rest[1, 2] = False
-    assert torch.isfinite(out[rest]).all() and torch.isfinite(w[rest]).all()
-
-
-# ---- the operators under torch ----------------------------------------------------------------
-
-def _op_args(mask_kind, causal, need_weights, alpha, requires_grad=False):
-    q, k, v = (t.float() for t in problem(120, torch.float64, batch=(2, 3), len_q=5, len_k=7))
-    mask = {None: None, "bool": make(5, 7, seed=121) > -0.5,
-            "float": make(1, 5, 7, seed=122, dtype=torch.float32)}[mask_kind]
-    if requires_grad:
-        q, k, v = (t.requires_grad_() for t in (q, k, v))
-        if mask_kind == "float":
-            mask.requires_grad_()
-    return q, k, v, mask, causal, None, need_weights, alpha
-
-
-OPCHECK_CASES = [(None, False, False, 2.0), ("bool", True, True, 1.5), ("float", False, True, 1.3),
-                 ("float", True, False, 2.0)]
-
-
-@pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
-def test_opcheck_forward_and_backward_operators(case):
-    args = _op_args(*case)
-    torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_forward.default, args)
-    output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(*args)
-    backward_args = (torch.randn_like(output), *args[:6], output, tau, support_value, args[7])
-    torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_backward.default, backward_args)
-    if case[2]:
-        torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_backward.default,
-                              (*backward_args, weights))
-    if case[0] == "float":
-        torch.library.opcheck(torch.ops.attnlab._sparse_sdpa_backward.default,
-                              (*backward_args, None, True))
-
-
-@pytest.mark.parametrize("case", OPCHECK_CASES, ids=str)
-def test_opcheck_public_operator(case):
-    q, k, v, mask, causal, scale, need_weights, alpha = _op_args(*case, requires_grad=True)
-    normalizer = {2.0: "sparsemax", 1.5: "entmax15"}.get(alpha, "entmax")
-    torch.library.opcheck(torch.ops.attnlab.scaled_dot_product_attention.default,
-                          (q, k, v, mask, causal, scale, need_weights, normalizer,
-                           alpha if normalizer == "entmax" else None))
-
-
-def test_torch_compile_fullgraph_matches_eager():
-    def block(x, w_qkv, mask):
-        q, k, v = (x @ w_qkv).chunk(3, dim=-1)
-        out, weights = attnlab.scaled_dot_product_attention(q, k, v, attn_mask=mask,
-                                                            need_weights=True,
-                                                            normalizer="entmax15")
-        out2, _ = attnlab.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                       normalizer="entmax", alpha=1.25)
-        return torch.relu(out + out2).sum(-1), weights
-
-    torch.manual_seed(0)
-    x = torch.randn(4, 9, 8, requires_grad=True)
-    w = torch.randn(8, 24, requires_grad=True)
-    mask = torch.rand(9, 9) > 0.2
-    compiled = torch.compile(block, fullgraph=True)
-    eager_out, eager_weights = block(x, w, mask)
-    out, weights = compiled(x, w, mask)
-    torch.testing.assert_close(out, eager_out)
-    torch.testing.assert_close(weights, eager_weights)
-    eager_grads = torch.autograd.grad(eager_out.sum(), (x, w))
-    grads = torch.autograd.grad(out.sum(), (x, w))
-    for got, want in zip(grads, eager_grads):
-        torch.testing.assert_close(got, want)
-
-
-def test_cpp_api_schema():
-    schema = str(torch.ops.attnlab.scaled_dot_product_attention.default._schema)
-    assert 'str normalizer="softmax", float? alpha=None' in schema
-
-
 # ---- modules and the recorder ---------------------------------------------------------------
 
 def reference_mha(module, x, mask, normalizer, alpha):
@@ -415,7 +148,7 @@ def reference_mha(module, x, mask, normalizer, alpha):
     qkv = x.double() @ module.qkv_proj.weight.double().T + module.qkv_proj.bias.double()
     qkv = qkv.reshape(B, L, H, 3 * hd).permute(0, 2, 1, 3)
     q, k, v = qkv[..., :hd], qkv[..., hd:2 * hd], qkv[..., 2 * hd:]
-    out, weights, _ = ref.attention(q, k, v, mask, False, None, normalizer, alpha)
+    out, weights = ref.attention(q, k, v, mask, False, None, normalizer, alpha)
     values = out.permute(0, 2, 1, 3).reshape(B, L, H * hd)
     return values @ module.o_proj.weight.double().T + module.o_proj.bias.double(), weights
 
@@ -488,7 +221,7 @@ def test_recorder_keeps_sparse_weights_and_their_gradient():
     loss = (out * out).sum() + out2.sum()
     loss.backward()
     assert len(rec) == 2
-    _, ref_w, _ = ref.attention(q.detach(), k.detach(), v.detach(), normalizer="sparsemax")
+    _, ref_w = ref.attention(q.detach(), k.detach(), v.detach(), normalizer="sparsemax")
     assert_close(rec.weights[0], ref_w, "recorded weights", torch.float32)
     assert torch.equal(rec.weights[0], w)
     # ∂loss/∂weights = dO·Vᵀ: 2·out·vᵀ and 1·vᵀ.
@@ -564,8 +297,8 @@ def test_transformers_backends_with_sparse_normalizers():
             groups = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
             causal = attention_mask is None and query.shape[2] > 1
-            out, weights, _ = ref.attention(query, key, value, attention_mask, causal, scaling,
-                                            normalizer, alpha)
+            out, weights = ref.attention(query, key, value, attention_mask, causal, scaling,
+                                         normalizer, alpha)
             return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)
         return forward
 
@@ -655,25 +388,25 @@ def test_small_path_limits_forward_and_gradients(normalizer, alpha, case):
     a = ref.alpha_of(normalizer, alpha)
     for len_q, causal in ((len_k - 2, False), (len_k + 3, True), (6, True)):
         q, k, v, mask = small_problem(dtype, len_q, len_k, dim, dim_v, seed=130 + len_k + dim)
-        output, tau, support_value, weights = torch.ops.attnlab._sparse_sdpa_forward(
+        output, tau, u, weights = torch.ops.attnlab._sparse_sdpa_forward(
             q, k, v, mask, causal, None, True, a)
-        ref_out, ref_w, ref_tau = ref.attention(q, k, v, mask, causal, None, normalizer, alpha)
+        ref_out, ref_w = ref.attention(q, k, v, mask, causal, None, normalizer, alpha)
+        ref_tau = ref.threshold(q, k, mask, causal, None, normalizer, alpha)
         assert_close(output, ref_out, "output", dtype)
         assert_close(weights, ref_w, "weights", dtype)
         assert torch.all(weights[..., 1, :] == 0) and torch.all(output[..., 1, :] == 0)
         seen = torch.isfinite(ref_tau)
         assert torch.equal(torch.isinf(tau), ~seen)
         assert_close(tau[seen], ref_tau[seen], "tau", dtype)
-        s_ref = torch.where(ref_w > 0, ref_w.clamp(min=1e-300) ** (2 - a), torch.zeros_like(ref_w))
-        u_ref = (s_ref @ v.double()) / s_ref.sum(-1, keepdim=True).clamp(min=1e-300)
-        assert_close(support_value, u_ref, "support_value", dtype, gradient=True)
+        assert_close(u, support_value(ref_w, v, a), "support_value", dtype, gradient=True)
         # Exact zeros where the reference is clearly off the support.
-        sure = gaps(q, k, mask, causal, None, normalizer, alpha) > (1e-9 if dtype == torch.float64 else 1e-5)
+        sure = ref.support_gaps(q, k, mask, causal, None, normalizer, alpha) > (
+            1e-9 if dtype == torch.float64 else 1e-5)
         assert torch.equal((weights == 0)[sure], (ref_w == 0)[sure])
         # Gradients, P recomputed from tau and read from the weights.
         grad = make(*output.shape, seed=31, dtype=dtype)
         ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v, mask)]
-        ref_o, _, _ = ref.attention(*ref_leaves[:3], ref_leaves[3], causal, None, normalizer, alpha)
+        ref_o, _ = ref.attention(*ref_leaves[:3], ref_leaves[3], causal, None, normalizer, alpha)
         ref_grads = torch.autograd.grad(ref_o, ref_leaves, grad.double())
         for need_weights in (False, True):
             leaves = [t.clone().requires_grad_() for t in (q, k, v, mask)]
@@ -753,7 +486,8 @@ def test_small_path_many_rows_with_dead_and_nan_rows_in_later_groups(normalizer,
     for causal in (False, True):
         out, tau, _, w = torch.ops.attnlab._sparse_sdpa_forward(q, k, v, mask, causal, None, True,
                                                                 a)
-        ref_out, ref_w, ref_tau = ref.attention(q, k, v, mask, causal, None, normalizer, alpha)
+        ref_out, ref_w = ref.attention(q, k, v, mask, causal, None, normalizer, alpha)
+        ref_tau = ref.threshold(q, k, mask, causal, None, normalizer, alpha)
         assert_close(out, ref_out, "output", torch.float32)
         assert_close(w, ref_w, "weights", torch.float32)
         for row in (1, 17, 33):

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -14,7 +15,9 @@
 #include "cpu/f32_gemm.h"
 #include "cpu/isa.h"
 #include "cpu/small_attention.h"
+#include "cpu/small_sparse_attention.h"
 #include "cpu/softmax_rows.h"
+#include "cpu/sparse_rows.h"
 #include "cpu/task_ranges.h"
 #include "cpu/vec_math.h"
 
@@ -56,6 +59,22 @@ int64_t weights_query_block(int64_t len_q, int64_t len_k) {
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// A sparse normalizer's forward holds a whole row of scores per query (the threshold needs all
+// of them), and s beside it: query blocks of up to 64 rows, fewer for long rows so that both
+// stay in L2.
+int64_t sparse_query_block(int64_t len_k) {
+  int64_t rows = 64;
+  while (rows > 8 && rows * len_k > 32768) rows /= 2;
+  return rows;
+}
+// The support lists replace dense P·V and S·V products unless they hold more than
+// 1/kDenseFactor of the block's scores.
+constexpr int64_t kDenseFactor = 4;
+// Rows of at most this many keys skip the lists: P and S are made dense directly.
+constexpr int64_t kShortRow = 64;
+// A backward block with fewer than 1/kSparseBackwardFactor non-zeros is done entry by entry.
+constexpr int64_t kSparseBackwardFactor = 8;
 
 // The zeros a forward task deferred (f32_defer_zeros) written when it ends, by return or by
 // exception.
@@ -570,6 +589,83 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
   finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse);
 }
 
+// Per thread, for a sparse normalizer's forward: a query block's scores (unless they go
+// straight into the weights) with room for S below them, the support lists (at most every
+// score) and one row's scratch.
+template <typename T>
+struct SparseBlock {
+  SparseBlock(int64_t block_q, int64_t len_k, bool weights)
+      : ld((std::max<int64_t>(len_k, 1) + kLanes<T> - 1) / kLanes<T> * kLanes<T>),
+        scores(weights ? 0 : 2 * block_q * ld), list_p(block_q * ld), list_s(block_q * ld),
+        cand(ld + 8), work(ld), index(block_q * ld), cand_key(ld), start(block_q),
+        count(block_q), state(block_q) {}
+  SupportLists<T> lists() {
+    return {index.data(), list_p.data(), list_s.data(), start.data(), count.data(), state.data()};
+  }
+  RowScratch<T> scratch() { return {cand.data(), cand_key.data(), work.data()}; }
+  int64_t ld;
+  std::vector<T> scores, dense_s, stacked_out, list_p, list_s, cand, work;
+  std::vector<int32_t> index, cand_key;
+  std::vector<int64_t> start, count;
+  std::vector<int8_t> state;
+};
+
+// A query block under a sparse normalizer: whole rows of scores, their thresholds (tau), then
+// P·V into out and S·V/ΣS into u, over the support lists when they are short, else as dense
+// products (short rows: dense P and S directly).
+template <typename T>
+void forward_sparse(const AttentionProblem<T>& p, const SparseNormalizer& nz,
+                    const PackedHead& packed, int64_t b, int64_t i0, int64_t rows, T* out, T* tau,
+                    T* u, T* weights, SparseBlock<T>& sb) {
+  const int64_t kv_end = key_end(p, i0, rows), ld = sb.ld;
+  T* x = weights ? weights + (b * p.len_q + i0) * p.len_k : sb.scores.data();
+  const int64_t ldx = weights ? p.len_k : ld;
+  if (kv_end == 0) {  // no key at all: zeros, τ = +inf
+    std::fill(out, out + rows * p.dim_v, T(0));
+    std::fill(u, u + rows * p.dim_v, T(0));
+    std::fill(tau, tau + rows, std::numeric_limits<T>::infinity());
+    if (weights) std::fill(x, x + rows * p.len_k, T(0));
+    return;
+  }
+  scores_gemm(p, packed, b, i0, rows, 0, kv_end, x, ldx);
+  const T* mask = mask_block(p, b, i0, 0);
+  const int64_t visible = visible_base(p, i0, 0);
+  const auto products = [&](const T* probs, int64_t ldp, const T* support) {
+    values_gemm(p, packed, b, rows, 0, kv_end, probs, nullptr, ldp, T(0), out);
+    values_gemm(p, packed, b, rows, 0, kv_end, support, nullptr, ld, T(0), u);
+  };
+  if (kv_end <= kShortRow) {
+    // Without weights, S goes right below P in the scores buffer: [P; S]·V is one product.
+    if (weights) sb.dense_s.resize(rows * ld);
+    T* sup = weights ? sb.dense_s.data() : x + rows * ld;
+    sparse_forward_rows_dense(x, ldx, sup, ld, rows, kv_end, mask, p.mask.row_stride, visible,
+                              nz, tau, sb.scratch());
+    if (weights) {
+      for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ldx + kv_end, x + (r + 1) * ldx, T(0));
+      products(x, ldx, sup);
+    } else {
+      sb.stacked_out.resize(2 * rows * p.dim_v);
+      values_gemm(p, packed, b, 2 * rows, 0, kv_end, x, nullptr, ld, T(0), sb.stacked_out.data());
+      std::copy(sb.stacked_out.data(), sb.stacked_out.data() + rows * p.dim_v, out);
+      std::copy(sb.stacked_out.data() + rows * p.dim_v,
+                sb.stacked_out.data() + 2 * rows * p.dim_v, u);
+    }
+    return;
+  }
+  const SupportLists<T> lists = sb.lists();
+  const int64_t nonzeros = sparse_forward_rows(x, ldx, rows, kv_end, mask, p.mask.row_stride,
+                                               visible, nz, tau, sb.scratch(), lists);
+  if (weights) sparse_dense_rows(lists, rows, p.len_k, x, ldx, false);
+  if (nonzeros * kDenseFactor > rows * kv_end) {
+    sb.dense_s.resize(rows * ld);
+    if (!weights) sparse_dense_rows(lists, rows, kv_end, x, ldx, false);
+    sparse_dense_rows(lists, rows, kv_end, sb.dense_s.data(), ld, true);
+    products(x, ldx, sb.dense_s.data());
+  } else {
+    sparse_gather_rows(lists, rows, p.value.row(b, 0), p.value.row_stride, p.dim_v, out, u);
+  }
+}
+
 // The small kernels' next task, prefetched into L1 (its outputs for writing) before the current
 // one runs, where a head's rows are slices of wider rows (the encoder block's token layout:
 // one head's 64 features out of every 768) of at least 64 features. The hardware
@@ -671,7 +767,7 @@ bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
 
 template <typename T>
 bool attention_is_small(const AttentionProblem<T>& p) {
-  return p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
+  return p.alpha == 1 && p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
          p.len_q <= kSmallBackwardMaxRows && p.narrow == AttentionProblem<T>::Narrow::none;
 }
 
@@ -692,20 +788,43 @@ void attention_backward_rows(const AttentionProblem<T>& p, const BatchedRows<T>&
 }
 
 template <typename T>
-void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights,
-                       uint16_t* output16) {
+void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* weights,
+                       uint16_t* output16, T* support_value) {
+  const bool sparse = p.alpha != 1;
+  TORCH_CHECK(!sparse || ((support_value != nullptr || p.batch * p.len_q * p.dim_v == 0) &&
+                          !p.bf16_operands &&
+                          p.narrow == AttentionProblem<T>::Narrow::none),
+              "attention_forward: a sparse normalizer needs support_value and wide inputs");
   const int64_t block_q =
-      weights ? weights_query_block<T>(p.len_q, p.len_k) : forward_query_block(p.len_q);
+      sparse    ? std::min(sparse_query_block(p.len_k), std::max<int64_t>(p.len_q, 1))
+      : weights ? weights_query_block<T>(p.len_q, p.len_k)
+                : forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers.
   const bool small = p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
   TORCH_CHECK(output16 == nullptr || (!small && p.narrow != AttentionProblem<T>::Narrow::none &&
-                                      f32_gemm_available()),
-              "attention_forward: output16 is for narrow problems on the blocked path");
+                                      f32_gemm_available() && !sparse),
+              "attention_forward: output16 is for narrow softmax problems on the blocked path");
+  if (small && sparse) {
+    parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
+      for (int64_t task = next_task(); task >= 0; task = next_task()) {
+        const int64_t b = task / q_blocks, i0 = (task % q_blocks) * block_q;
+        const int64_t rows = std::min(block_q, p.len_q - i0);
+        small_sparse_rows(p.alpha, rows, p.len_k, p.dim_qk, p.dim_v, p.query.row(b, i0),
+                          p.query.row_stride, p.key.row(b, 0), p.key.row_stride,
+                          p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
+                          p.mask.row_stride, visible_base(p, i0, 0), p.scale,
+                          output + (b * p.len_q + i0) * p.dim_v, row_stat + b * p.len_q + i0,
+                          support_value + (b * p.len_q + i0) * p.dim_v,
+                          weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr, p.len_k);
+      }
+    });
+    return;
+  }
   if (small) {
     std::vector<int64_t> offsets(p.batch);
     for (int64_t b = 0; b < p.batch; ++b) offsets[b] = b * p.len_q * p.dim_v;
-    small_forward(p, OutputRows<T>{output, offsets.data(), p.dim_v}, logsumexp, weights,
+    small_forward(p, OutputRows<T>{output, offsets.data(), p.dim_v}, row_stat, weights,
                   block_q);
     return;
   }
@@ -713,9 +832,14 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
     SequentialBlasScope sequential_blas;
     ZerosFlushed zeros_flushed;  // the weights' deferred zeros written before the task ends
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q), known_max(block_q);
-    AlignedVector<T> scores(weights ? 0 : block_q * kForwardKeyBlock);
-    AlignedVector<T> weights_block(
-        weights && weights_through_buffer<T>(block_q, p.len_k) ? block_q * p.len_k : 0);
+    AlignedVector<T> scores(weights || sparse ? 0 : block_q * kForwardKeyBlock);
+    AlignedVector<T> weights_block(weights && !sparse &&
+                                           weights_through_buffer<T>(block_q, p.len_k)
+                                       ? block_q * p.len_k
+                                       : 0);
+    std::optional<SparseBlock<T>> sparse_block;
+    if (sparse) sparse_block.emplace(block_q, p.len_k, weights != nullptr);
+    const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
     HeadPacker packer;
     const bool packing = pack_heads(p) || pack_heads_bf16(p);
     const bool bf16_inputs = reads_bf16(p, weights);
@@ -741,10 +865,15 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
       } else if (packing) {
         packed = packer.get(p, b);
       }
+      T* out = output16 != nullptr ? out_rows.data() : output + (b * p.len_q + i0) * p.dim_v;
+      T* lse = row_stat + b * p.len_q + i0;
+      if (sparse) {
+        forward_sparse(p, nz, packed, b, i0, rows, out, lse,
+                       support_value + (b * p.len_q + i0) * p.dim_v, weights, *sparse_block);
+        continue;
+      }
       std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
       std::fill(row_sum.begin(), row_sum.end(), T(0));
-      T* out = output16 != nullptr ? out_rows.data() : output + (b * p.len_q + i0) * p.dim_v;
-      T* lse = logsumexp + b * p.len_q + i0;
       if (weights) {
         forward_with_weights(*head, packed, b, i0, rows, out, lse, weights, row_max.data(),
                              row_sum.data(), correction.data(),
@@ -768,13 +897,17 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T*
 
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
-                        const T* output, const T* logsumexp, const T* weights, T* grad_query,
+                        const T* row_values, const T* row_stat, const T* weights, T* grad_query,
                         T* grad_key, T* grad_value, T* grad_mask, T* grad_weights) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
+  const bool sparse = p.alpha != 1;
+  const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
   // Every key in one vector: one register-resident pass per batch entry, which writes every
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
   // about as much as the kernel's arithmetic).
-  const bool small = attention_is_small(p);
+  const bool small = sparse ? p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
+                                  small_sparse_fits<T>(p.alpha, p.len_k, E, Ev) && !grad_weights
+                            : attention_is_small(p);
   // The blocked path's tasks zero their own parts of dQ, dK and dV just before they add to
   // them (in parallel, and in cache for the additions that follow).
   if (!small && grad_mask) {
@@ -782,27 +915,44 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   }
   if (p.batch == 0) return;  // an empty batch: nothing to add (and no chunks per entry below)
 
-  if (small) {
+  if (small && !sparse) {
     std::vector<int64_t> q_offsets(p.batch), k_offsets(p.batch), v_offsets(p.batch);
     for (int64_t b = 0; b < p.batch; ++b) {
       q_offsets[b] = b * p.len_q * E;
       k_offsets[b] = b * p.len_k * E;
       v_offsets[b] = b * p.len_k * Ev;
     }
-    small_backward(p, grad_output, logsumexp, weights, OutputRows<T>{grad_query, q_offsets.data(), E},
+    small_backward(p, grad_output, row_stat, weights, OutputRows<T>{grad_query, q_offsets.data(), E},
                    OutputRows<T>{grad_key, k_offsets.data(), E},
                    OutputRows<T>{grad_value, v_offsets.data(), Ev}, grad_mask, grad_weights);
     return;
   }
 
-  // delta_i = Σ_c dO[i, c]·O[i, c] = Σ_j P[i, j]·dP[i, j], the softmax gradient's row term.
+  // delta_i = dO_i·O_i = Σ_j P_ij·dP_ij for softmax, dO_i·U_i = Σ_j s_ij·dP_ij / Σ_j s_ij for
+  // a sparse normalizer: the gradient's row term.
   std::vector<T> delta(p.batch * p.len_q);
   at::parallel_for(0, p.batch, 1, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
-      row_dots(grad_output.row(b, 0), grad_output.row_stride, output + b * p.len_q * Ev, Ev,
+      row_dots(grad_output.row(b, 0), grad_output.row_stride, row_values + b * p.len_q * Ev, Ev,
                p.len_q, Ev, delta.data() + b * p.len_q);
     }
   });
+  if (small) {
+    parallel_tasks(p.batch, [&](const auto& next_task) {
+      for (int64_t b = next_task(); b >= 0; b = next_task()) {
+        const int64_t rows = b * p.len_q;
+        small_sparse_backward(
+            p.alpha, p.len_q, p.len_k, E, Ev, p.query.row(b, 0), p.query.row_stride,
+            p.key.row(b, 0), p.key.row_stride, p.value.row(b, 0), p.value.row_stride,
+            mask_block(p, b, 0, 0), p.mask.row_stride, visible_base(p, 0, 0), p.scale,
+            grad_output.row(b, 0), grad_output.row_stride, row_stat + rows, delta.data() + rows,
+            weights ? weights + rows * p.len_k : nullptr, grad_query + rows * E,
+            grad_key + b * p.len_k * E, grad_value + b * p.len_k * Ev,
+            grad_mask ? grad_mask + rows * p.len_k : nullptr);
+      }
+    });
+    return;
+  }
 
   // Each task owns the key blocks of one chunk of one batch entry, so dK and dV need no
   // synchronisation. dQ sums over key blocks: with one chunk per batch entry it goes straight
@@ -819,6 +969,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     SequentialBlasScope sequential_blas;
     AlignedVector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
     AlignedVector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
+    // A sparse normalizer's s = p^{2−α}, which takes P's place in dS.
+    AlignedVector<T> support(sparse ? kBackwardQueryBlock * kBackwardKeyBlock : 0);
     constexpr int64_t ld = kBackwardKeyBlock;
     // The key block's operands that every query block multiplies by (Kᵀ for S, Vᵀ for dP, and
     // K for dQ where the products cannot read it in place), packed once per key block instead of
@@ -869,8 +1021,9 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
               b * p.len_q * E;
       // dQ is written by the first key block's products (every query row sees key 0, causal
       // or not) and summed into by the others: no zero-fill first (with dK and dV below, the
-      // fills were 3 % of a (8, 8, 512, 64) causal forward+backward).
-      const bool dq_written_first = chunk == 0 && k_blocks > 0;
+      // fills were 3 % of a (8, 8, 512, 64) causal forward+backward). A sparse normalizer's
+      // blocks may skip their products (no non-zero p) or add entry by entry.
+      const bool dq_written_first = chunk == 0 && k_blocks > 0 && !sparse;
       if (chunk == 0 && !dq_written_first) std::fill(dq, dq + p.len_q * E, T(0));
       const int64_t first_block = chunk * k_blocks / chunks;
       const int64_t last_block = (chunk + 1) * k_blocks / chunks;
@@ -917,22 +1070,51 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           if (vis <= 0) continue;
           const T* q = p.query.row(b, i0);
           const T* dout = grad_output.row(b, i0);
-          // P_ij: the forward's weights when it kept them, else recomputed from the scores.
+          // P_ij: the forward's weights when it kept them, else recomputed from the scores
+          // (with a sparse normalizer's s beside them).
           const T* probs_ij = probs.data();
           int64_t ld_probs = ld;
+          int64_t nonzeros = rows * vis;
           if (weights) {
             probs_ij = weights + (b * p.len_q + i0) * p.len_k + j0;
             ld_probs = p.len_k;
+            if (sparse) {
+              nonzeros = sparse_support_from_probs(probs_ij, ld_probs, support.data(), ld, rows,
+                                                   vis, nz);
+            }
           } else {
             product(keys_t.data(), cols, E, true, rows, vis, E, p.scale, q, p.query.row_stride,
                     p.key.row(b, j0), p.key.row_stride, T(0), probs.data(), ld);
-            probs_from_lse(probs.data(), rows, vis, ld, mask_block(p, b, i0, j0),
-                           p.mask.row_stride, visible_base(p, i0, j0),
-                           logsumexp + b * p.len_q + i0);
+            if (sparse) {
+              nonzeros = sparse_backward_rows(probs.data(), ld, support.data(), ld, rows, vis,
+                                              mask_block(p, b, i0, j0), p.mask.row_stride,
+                                              visible_base(p, i0, j0), nz,
+                                              row_stat + b * p.len_q + i0);
+            } else {
+              probs_from_lse(probs.data(), rows, vis, ld, mask_block(p, b, i0, j0),
+                             p.mask.row_stride, visible_base(p, i0, j0),
+                             row_stat + b * p.len_q + i0);
+            }
           }
+          // A sparse block without non-zero p adds nothing; with few, its gradients go entry by
+          // entry instead of four dense products (both only where dP is not wanted whole).
+          if (nonzeros == 0 && !grad_weights) continue;
+          const bool by_entry =
+              sparse && !grad_weights && nonzeros * kSparseBackwardFactor < rows * vis;
           const T beta_kv = written > 0 ? T(1) : T(0);
-          if (written > 0 && vis > written) zero_rows(written, vis);
+          if ((written > 0 || by_entry) && vis > written) zero_rows(written, vis);
           written = std::max(written, vis);
+          if (by_entry) {
+            sparse_backward_block(probs_ij, ld_probs, support.data(), ld, rows, vis, dout,
+                                  grad_output.row_stride, q, p.query.row_stride,
+                                  p.key.row(b, j0), p.key.row_stride, p.value.row(b, j0),
+                                  p.value.row_stride, delta.data() + b * p.len_q + i0, p.scale,
+                                  E, Ev, dq + i0 * E, dk, dv,
+                                  grad_mask ? grad_mask + (b * p.len_q + i0) * p.len_k + j0
+                                            : nullptr,
+                                  p.len_k);
+            continue;
+          }
           // dV_j += Pᵀ·dO_i
           rows_product(true, vis, Ev, rows, T(1), probs_ij, ld_probs, dout,
                        grad_output.row_stride, beta_kv, dv, Ev);
@@ -946,8 +1128,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
               std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + cols, gw + r * p.len_k);
             }
           }
-          softmax_grad_block(probs_ij, ld_probs, dprobs.data(), ld, rows, vis,
-                             delta.data() + b * p.len_q + i0);
+          softmax_grad_block(sparse ? support.data() : probs_ij, sparse ? ld : ld_probs,
+                             dprobs.data(), ld, rows, vis, delta.data() + b * p.len_q + i0);
           if (grad_mask) {
             T* gm = grad_mask + (b * p.len_q + i0) * p.len_k + j0;
             for (int64_t r = 0; r < rows; ++r) {
@@ -982,9 +1164,9 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
 }
 
 template void attention_forward<float>(const AttentionProblem<float>&, float*, float*, float*,
-                                       uint16_t*);
+                                       uint16_t*, float*);
 template void attention_forward<double>(const AttentionProblem<double>&, double*, double*,
-                                        double*, uint16_t*);
+                                        double*, uint16_t*, double*);
 template void attention_backward<float>(const AttentionProblem<float>&,
                                         const BatchedRows<float>&, const float*, const float*,
                                         const float*, float*, float*, float*, float*,

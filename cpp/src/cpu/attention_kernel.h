@@ -1,7 +1,17 @@
 #pragma once
-// Blocked scaled dot-product attention on the CPU, over raw pointers. The operator layer
+// Scaled dot-product attention on the CPU, over raw pointers, for every normalizer: softmax,
+// and the sparse ones (sparsemax, entmax-1.5, α-entmax; sparse_rows.h). The operator layer
 // (ops/attention.cpp) broadcasts, validates and lays out the tensors; these functions only
-// compute.
+// compute. One blocking, one set of masks, threads and dtypes: what differs per normalizer is
+// the row step (softmax_rows.h, sparse_rows.h) and the small kernels' (small_attention.h,
+// small_sparse_attention.h).
+//
+// For a sparse normalizer with α > 1, per query row with scores z_j (−inf where masked or
+// hidden by the causal mask):
+//   p_j = [(α − 1)·z_j − τ]_+^{1/(α − 1)},  τ such that Σ_j p_j = 1,
+// and the backward needs s_j = p_j^{2 − α} on the support: dz_j = s_j·(dp_j − δ) with
+// δ = dO·U, U = Σ_j s_j·v_j / Σ_j s_j, which the forward computes. Softmax is the limit α → 1,
+// where s = p, U is the output itself and the row statistic is the log-sum-exp instead of τ.
 
 #include <cstdint>
 
@@ -33,6 +43,8 @@ struct AttentionProblem {
   BatchedRows<T> mask;  // additive [len_q, len_k] per batch entry; data == nullptr for none
   bool causal = false;  // query i sees keys j <= i
   T scale = 1;
+  // The normalizer: 1 for softmax, 2 sparsemax, 1.5 entmax-1.5, any other α > 1 α-entmax.
+  double alpha = 1;
   // The operands are bfloat16 values widened to T = float: the blocked paths' products may
   // then round their operands to bfloat16 (exact for Q, K, V and dO; P and dS rounded, as in
   // torch's bfloat16 kernels) and run on the CPU's bfloat16 dot products where it has them.
@@ -53,29 +65,35 @@ struct AttentionProblem {
 // (AttentionProblem::narrow) at these sizes: the blocked path on attnlab's AVX-512 GEMM.
 bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v);
 
-// output [batch, len_q, dim_v] and logsumexp [batch, len_q], contiguous. weights, when not
-// null, receives the normalized attention [batch, len_q, len_k]. Memory beyond the outputs is
-// O(block²) per thread. output16 (only for a narrow problem, T = float): the output is written
-// there instead, rounded to the inputs' float16/bfloat16 (output is then not used).
+// output [batch, len_q, dim_v] and the row statistic [batch, len_q], contiguous: the
+// log-sum-exp for softmax; for a sparse normalizer τ (+inf for a row that sees no key, so
+// p = 0; NaN when the row's scores hold NaN or +inf, whose output is NaN), with
+// support_value [batch, len_q, dim_v] = U (zeros for a row that sees no key). weights, when
+// not null, receives the normalized attention [batch, len_q, len_k]. Memory beyond the outputs
+// is O(block²) per thread for softmax, a query block × len_k per thread for the sparse
+// normalizers (whose threshold needs a whole row). output16 (only for a narrow softmax
+// problem, T = float): the output is written there instead, rounded to the inputs'
+// float16/bfloat16 (output is then not used).
 template <typename T>
-void attention_forward(const AttentionProblem<T>& p, T* output, T* logsumexp, T* weights,
-                       uint16_t* output16 = nullptr);
+void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* weights,
+                       uint16_t* output16 = nullptr, T* support_value = nullptr);
 
 // Gradients, contiguous at the broadcast batch shape, written (not accumulated):
 // grad_query [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk],
 // grad_value [batch, len_k, dim_v]; grad_mask, when not null, [batch, len_q, len_k] (the
-// gradient of the scores, which an additive mask receives unchanged). output and logsumexp are
-// the forward's; weights, when not null, are its normalized weights [batch, len_q, len_k],
-// used instead of recomputing them. grad_weights, when not null, receives the gradient with
+// gradient of the scores, which an additive mask receives unchanged). row_values and row_stat
+// are the forward's: its output and log-sum-exp for softmax, U and τ for a sparse normalizer
+// (δ = dO·row_values in both). weights, when not null, are its normalized weights
+// [batch, len_q, len_k], used instead of recomputing them. grad_weights, when not null, receives the gradient with
 // respect to the weights taken as free variables, dP = grad_output·valueᵀ [batch, len_q,
 // len_k], at every position: masked ones and those the causal mask hides included.
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
-                        const T* output, const T* logsumexp, const T* weights, T* grad_query,
+                        const T* row_values, const T* row_stat, const T* weights, T* grad_query,
                         T* grad_key, T* grad_value, T* grad_mask, T* grad_weights);
 
-// Whether attention_forward and attention_backward compute p on the small kernels, whose rows
-// stay in registers (every key in one vector, at most 256 query rows per batch entry, the
+// Whether attention_forward and attention_backward compute softmax problem p on the small
+// kernels, whose rows stay in registers (every key in one vector, at most 256 query rows per batch entry, the
 // inputs in T): the backward then never reads the forward's output, and the forms below take
 // p, writing their outputs at any row layout (the encoder block's heads side by side in its
 // token rows, where the contiguous forms needed copies).

@@ -1,5 +1,5 @@
 #pragma once
-// The α-entmax threshold solve shared by the blocked sparse kernel (sparse_attention_kernel.cpp)
+// The α-entmax threshold solve shared by the blocked kernel's sparse rows (sparse_rows.cpp)
 // and the register-resident one (small_sparse_attention.cpp): each evaluates
 // f(τ) = Σ_j [c_j − τ]_+^r − 1 its own way; the bracket and the step rule live here.
 

@@ -3,7 +3,7 @@
 // in double): the tutorials' shapes (L = 10 or 16). As small_attention.h does for softmax, the
 // scores of a few query rows, their threshold, P and S stay in registers, instead of the
 // blocked path's GEMM, row and GEMM calls, whose per-call costs exceed the arithmetic at these
-// sizes. Same results and conventions as the blocked path (sparse_attention_kernel.h): exact
+// sizes. Same results and conventions as the blocked path (attention_kernel.h, sparse_rows.h): exact
 // zeros, −inf mask entries hide their key, a row that sees no key gets zeros and τ = +inf, a
 // row with a NaN or +inf score is NaN (τ NaN).
 //
@@ -33,7 +33,7 @@ constexpr bool small_sparse_fits(double alpha, int64_t len_k, int64_t dim_qk, in
 // rows query rows q (row stride ldq) against len_k keys k (ldk) and values v (ldv), alpha 2
 // (sparsemax), 1.5 (entmax-1.5) or any other alpha > 1 (α-entmax): out[r, :] = P_r·V and
 // support_value[r, :] = S_r·V/ΣS_r
-// (row stride dim_v), tau[r] the threshold (as in sparse_attention_forward). mask (nullable):
+// (row stride dim_v), tau[r] the threshold (as in attention_forward). mask (nullable):
 // additive rows with stride mask_ld. Row r sees keys j < clamp(visible_base + r, 0, len_k)
 // (kAllVisible: all). weights (nullable, row stride ld_weights) receives P over the len_k keys.
 void small_sparse_rows(double alpha, int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,

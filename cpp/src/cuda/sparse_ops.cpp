@@ -36,7 +36,7 @@ namespace {
 using at::Tensor;
 using attnlab::with_tail;
 
-// The CPU operators' name in messages (ops/sparse_attention.cpp): the public entry point is
+// The CPU operators' name in messages (ops/attention.cpp): the public entry point is
 // attnlab.scaled_dot_product_attention(..., normalizer=...).
 constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
 

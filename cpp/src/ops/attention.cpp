@@ -1,5 +1,8 @@
-// attnlab::scaled_dot_product_attention and its forward/backward operators:
-// schemas, the autograd formula, and the CPU entry points that lay tensors out for the kernels.
+// attnlab::scaled_dot_product_attention and its forward/backward operators: schemas, the one
+// autograd formula for every normalizer, and the CPU entry points that lay tensors out for the
+// one kernel (cpu/attention_kernel.h). Softmax keeps each row's log-sum-exp for the backward
+// (_sdpa_forward, _sdpa_backward); a sparse normalizer its threshold τ and U = S·V/ΣS
+// (_sparse_sdpa_forward, _sparse_sdpa_backward), where U takes the output's place in δ.
 
 #include <cmath>
 
@@ -13,12 +16,13 @@
 #include "cpu/bf16_gemm.h"
 #include "ops/checks.h"
 #include "ops/layout.h"
-#include "ops/sparse_attention.h"
 
 namespace attnlab {
 namespace {
 
 using at::Tensor;
+
+constexpr const char* kSdpa = "attnlab.scaled_dot_product_attention";
 
 bool reduced_precision(const Tensor& t) { return at::isReducedFloatingType(t.scalar_type()); }
 
@@ -32,15 +36,17 @@ bool bf16_products(const Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && cpu::bf16_products_pay();
 }
 
-// The forward; bf16_operands (set by the reduced-precision branch for the float32 tensors it
-// makes): see cpu::AttentionProblem.
-std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const Tensor& key,
-                                                     const Tensor& value,
-                                                     const std::optional<Tensor>& attn_mask,
-                                                     bool is_causal, std::optional<double> scale,
-                                                     bool need_weights, bool bf16_operands) {
+// The forward: (output, row statistic, weights, support_value), the last an empty tensor for
+// softmax (alpha == 1). bf16_operands (set by the reduced-precision branch for the float32
+// tensors it makes): see cpu::AttentionProblem.
+std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_forward_impl(
+    const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    bool need_weights, bool bf16_operands, double alpha) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
-  if (reduced_precision(query) && (!bf16_products(query) || cpu::bf16_prepacked_route()) &&
+  const bool sparse = alpha != 1;
+  if (!sparse && reduced_precision(query) &&
+      (!bf16_products(query) || cpu::bf16_prepacked_route()) &&
       cpu::forward_widens_heads(key.size(-2), query.size(-1), value.size(-1))) {
     // float16 and bfloat16 on the float32 kernel, which widens each batch entry's inputs
     // itself; every sum is float32 and only the results are rounded (the log-sum-exp stays
@@ -61,33 +67,37 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_impl(const Tensor& query, const 
     cpu::attention_forward<float>(prepared.problem, nullptr, lse.data_ptr<float>(),
                                   need_weights ? weights.data_ptr<float>() : nullptr,
                                   static_cast<uint16_t*>(output.data_ptr()));
-    return {output, lse, weights.to(query.scalar_type())};
+    return {output, lse, weights.to(query.scalar_type()), Tensor()};
   }
   if (reduced_precision(query)) {
     // float16 and bfloat16 run through the float32 kernel: the inputs are widened once, every
-    // sum is float32, and only the results are rounded (the log-sum-exp stays float32, as on
-    // CUDA). For bfloat16 the products may round the probabilities to bfloat16, as torch's
-    // bfloat16 kernel does, to run on the CPU's bfloat16 dot products.
+    // sum is float32, and only the results are rounded (the row statistic and U stay float32,
+    // as on CUDA). For bfloat16 softmax the products may round the probabilities to bfloat16,
+    // as torch's bfloat16 kernel does, to run on the CPU's bfloat16 dot products.
     const auto wide = widened_to_float({query, key, value});
-    auto [output, lse, weights] =
+    auto [output, stat, weights, support_value] =
         sdpa_forward_impl(wide[0], wide[1], wide[2], attn_mask, is_causal, scale, need_weights,
-                          bf16_products(query));
-    return {output.to(query.scalar_type()), lse, weights.to(query.scalar_type())};
+                          !sparse && bf16_products(query), alpha);
+    return {output.to(query.scalar_type()), stat, weights.to(query.scalar_type()),
+            support_value};
   }
   const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
   const auto options = query.options();
   Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
-  Tensor lse = at::empty(with_tail(batch, {len_q}), options);
+  Tensor stat = at::empty(with_tail(batch, {len_q}), options);
+  Tensor support_value = sparse ? at::empty(with_tail(batch, {len_q, dim_v}), options) : Tensor();
   Tensor weights = need_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
                                 : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_forward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     prepared.problem.bf16_operands = bf16_operands;
-    cpu::attention_forward<scalar_t>(prepared.problem, output.data_ptr<scalar_t>(),
-                                     lse.data_ptr<scalar_t>(),
-                                     need_weights ? weights.data_ptr<scalar_t>() : nullptr);
+    prepared.problem.alpha = alpha;
+    cpu::attention_forward<scalar_t>(
+        prepared.problem, output.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>(),
+        need_weights ? weights.data_ptr<scalar_t>() : nullptr, nullptr,
+        sparse ? support_value.data_ptr<scalar_t>() : nullptr);
   });
-  return {output, lse, weights};
+  return {output, stat, weights, support_value};
 }
 
 std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const Tensor& key,
@@ -95,22 +105,40 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
                                                      const std::optional<Tensor>& attn_mask,
                                                      bool is_causal, std::optional<double> scale,
                                                      bool need_weights) {
-  return sdpa_forward_impl(query, key, value, attn_mask, is_causal, scale, need_weights, false);
+  auto [output, lse, weights, unused] = sdpa_forward_impl(query, key, value, attn_mask,
+                                                          is_causal, scale, need_weights, false, 1);
+  return {output, lse, weights};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
+    const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    bool need_weights, double alpha) {
+  checks::sparse_alpha(alpha);
+  auto [output, tau, weights, support_value] = sdpa_forward_impl(
+      query, key, value, attn_mask, is_causal, scale, need_weights, false, alpha);
+  return {output, tau, support_value, weights};
 }
 
 // grad_weights: also return dP = grad_output·valueᵀ [..., L_q, L_k] at the output's batch
 // shape (the gradient with respect to the weights as free variables, at every position); an
-// empty tensor otherwise.
+// empty tensor otherwise. stat: the log-sum-exp (alpha == 1) or τ; support_value: U for a
+// sparse normalizer, undefined for softmax.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask, bool grad_weights, bool bf16_operands) {
+    const Tensor& output, const Tensor& stat, const std::optional<Tensor>& weights,
+    bool grad_mask, bool grad_weights, bool bf16_operands, double alpha,
+    const Tensor& support_value) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
-  checks::sdpa_backward_inputs(grad_output, output, logsumexp, weights, batch, len_q, len_k,
-                               dim_v);
+  if (alpha == 1) {
+    checks::sdpa_backward_inputs(grad_output, output, stat, weights, batch, len_q, len_k, dim_v);
+  } else {
+    checks::sparse_sdpa_backward_inputs(grad_output, output, stat, support_value, weights, batch,
+                                        len_q, len_k, dim_v);
+  }
   if (reduced_precision(query)) {
     // As in the forward: float32 sums, the gradients rounded at the end, and for bfloat16
     // products on bfloat16 operands (P and dS rounded, as in torch's bfloat16 kernel).
@@ -119,8 +147,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     const auto wide = widened_to_float({grad_output, query, key, value, output});
     auto [dq, dk, dv, dmask, dweights] =
         sdpa_backward_impl(wide[0], wide[1], wide[2], wide[3], attn_mask, is_causal, scale,
-                           wide[4], logsumexp, weights32, grad_mask, grad_weights,
-                           bf16_products(query));
+                           wide[4], stat, weights32, grad_mask, grad_weights,
+                           alpha == 1 && bf16_products(query), alpha, support_value);
     const auto dtype = query.scalar_type();
     const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
     return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype),
@@ -133,9 +161,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
   Tensor grad_k = at::empty(with_tail(batch, {len_k, dim_qk}), options);
   Tensor grad_v = at::empty(with_tail(batch, {len_k, dim_v}), options);
   const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
-  TORCH_CHECK(!mask_grad || attn_mask->is_floating_point(),
-              "attnlab.scaled_dot_product_attention backward: a boolean attn_mask has no "
-              "gradient");
+  TORCH_CHECK(!mask_grad || attn_mask->is_floating_point(), kSdpa,
+              " backward: a boolean attn_mask has no gradient");
   Tensor grad_m = mask_grad ? at::empty(with_tail(batch, {len_q, len_k}), options)
                             : at::empty({0}, options);
   Tensor grad_w = grad_weights ? empty_weights(with_tail(batch, {len_q, len_k}), options)
@@ -143,12 +170,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
   AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_backward", [&] {
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     prepared.problem.bf16_operands = bf16_operands;
+    prepared.problem.alpha = alpha;
     std::vector<int64_t> grad_offsets;
     const Tensor grad_rows = rows_contiguous(grad_output);
     const auto grad = batched_rows<scalar_t>(grad_rows, batch, grad_offsets);
     cpu::attention_backward<scalar_t>(
-        prepared.problem, grad, output.contiguous().data_ptr<scalar_t>(),
-        logsumexp.contiguous().data_ptr<scalar_t>(),
+        prepared.problem, grad,
+        (alpha == 1 ? output : support_value).contiguous().data_ptr<scalar_t>(),
+        stat.contiguous().data_ptr<scalar_t>(),
         probs.defined() ? probs.data_ptr<scalar_t>() : nullptr, grad_q.data_ptr<scalar_t>(),
         grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>(),
         mask_grad ? grad_m.data_ptr<scalar_t>() : nullptr,
@@ -167,7 +196,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
     bool grad_mask, bool grad_weights) {
   return sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
-                            logsumexp, weights, grad_mask, grad_weights, false);
+                            logsumexp, weights, grad_mask, grad_weights, false, 1, Tensor());
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
+    const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
+    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+    const Tensor& output, const Tensor& tau, const Tensor& support_value, double alpha,
+    const std::optional<Tensor>& weights, bool grad_mask) {
+  checks::sparse_alpha(alpha);
+  auto [dq, dk, dv, dmask, unused] =
+      sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
+                         tau, weights, grad_mask, false, false, alpha, support_value);
+  return {dq, dk, dv, dmask};
 }
 
 c10::TypedOperatorHandle<decltype(sdpa_forward_cpu)> forward_op() {
@@ -182,6 +223,38 @@ c10::TypedOperatorHandle<decltype(sdpa_backward_cpu)> backward_op() {
                        .findSchemaOrThrow("attnlab::_sdpa_backward", "")
                        .typed<decltype(sdpa_backward_cpu)>();
   return op;
+}
+
+c10::TypedOperatorHandle<decltype(sparse_forward_cpu)> sparse_forward_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("attnlab::_sparse_sdpa_forward", "")
+                       .typed<decltype(sparse_forward_cpu)>();
+  return op;
+}
+
+c10::TypedOperatorHandle<decltype(sparse_backward_cpu)> sparse_backward_op() {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("attnlab::_sparse_sdpa_backward", "")
+                       .typed<decltype(sparse_backward_cpu)>();
+  return op;
+}
+
+// The forward operators of normalizer alpha: (output, row statistic, weights, support_value),
+// the last undefined for softmax.
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_call(const Tensor& query, const Tensor& key,
+                                                        const Tensor& value,
+                                                        const std::optional<Tensor>& attn_mask,
+                                                        bool is_causal,
+                                                        std::optional<double> scale,
+                                                        bool need_weights, double alpha) {
+  if (alpha == 1) {
+    auto [output, lse, weights] =
+        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
+    return {output, lse, weights, Tensor()};
+  }
+  auto [output, tau, support_value, weights] = sparse_forward_op().call(
+      query, key, value, attn_mask, is_causal, scale, need_weights, alpha);
+  return {output, tau, weights, support_value};
 }
 
 // Whether a call that autograd records (records_graph below) keeps the probabilities for the
@@ -206,8 +279,9 @@ bool records_graph(const Tensor& query, const Tensor& key, const Tensor& value,
           (has_mask && attn_mask->requires_grad()));
 }
 
-// Forward keeps the log-sum-exp of each query row; backward recomputes the probabilities
-// (or reads them, when the forward kept them).
+// The one autograd formula: the forward keeps each row's statistic (the log-sum-exp, or τ and
+// U), the backward recomputes the probabilities from it (or reads them, when the forward kept
+// them).
 class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
@@ -215,19 +289,21 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                 const Tensor& value,
                                                 const std::optional<Tensor>& attn_mask,
                                                 bool is_causal, std::optional<double> scale,
-                                                bool need_weights, bool keep_probs) {
+                                                bool need_weights, bool keep_probs,
+                                                double alpha) {
     // Straight to the CPU (or CUDA) kernel: autograd is this function, so the boxed autograd
     // and view fallbacks of the forward operator are skipped.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [output, lse, weights] = forward_op().call(query, key, value, attn_mask, is_causal,
-                                                    scale, need_weights || keep_probs);
+    auto [output, stat, weights, support_value] = forward_call(
+        query, key, value, attn_mask, is_causal, scale, need_weights || keep_probs, alpha);
     // With need_weights the weights exist anyway: the backward reads them instead of
     // recomputing the probabilities.
-    ctx->save_for_backward({query, key, value, output, lse, attn_mask.value_or(Tensor()),
-                            need_weights || keep_probs ? weights : Tensor()});
+    ctx->save_for_backward({query, key, value, output, stat, attn_mask.value_or(Tensor()),
+                            need_weights || keep_probs ? weights : Tensor(), support_value});
     if (!need_weights) weights = at::empty({0}, output.options());
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["alpha"] = alpha;
     ctx->mark_non_differentiable({weights});
     // No zero-filled [..., L_q, L_k] gradient for the weights: backward takes undefined grads.
     ctx->set_materialize_grads(false);
@@ -238,7 +314,7 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const Tensor& grad_output = grads[0];
-    torch::autograd::variable_list result(8);
+    torch::autograd::variable_list result(9);
     if (!grad_output.defined()) return result;
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
@@ -249,10 +325,19 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     // mark the gradients as having no derivative of their own.
     std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
     if (!at::GradMode::is_enabled()) below_autograd.emplace();
-    auto [dq, dk, dv, dmask, dweights] = backward_op().call(
-        grad_output, saved[0], saved[1], saved[2], optional(saved[5]),
-        ctx->saved_data["is_causal"].toBool(), ctx->saved_data["scale"].toOptional<double>(),
-        saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false);
+    const bool is_causal = ctx->saved_data["is_causal"].toBool();
+    const auto scale = ctx->saved_data["scale"].toOptional<double>();
+    const double alpha = ctx->saved_data["alpha"].toDouble();
+    Tensor dq, dk, dv, dmask;
+    if (alpha == 1) {
+      std::tie(dq, dk, dv, dmask, std::ignore) = backward_op().call(
+          grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
+          saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false);
+    } else {
+      std::tie(dq, dk, dv, dmask) = sparse_backward_op().call(
+          grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
+          saved[3], saved[4], saved[7], alpha, optional(saved[6]), mask_grad);
+    }
     result[0] = dq;
     result[1] = dk;
     result[2] = dv;
@@ -261,6 +346,28 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
   }
 };
 
+// The α of `normalizer` (2 for "sparsemax", 1.5 for "entmax15", `alpha` for "entmax", 1 for
+// "softmax"). Raises, naming the argument, for an unknown normalizer, alpha given with a
+// normalizer other than "entmax", "entmax" without alpha, or alpha <= 1, NaN or inf.
+double normalizer_alpha(std::string_view normalizer, std::optional<double> alpha) {
+  const bool general = normalizer == "entmax";
+  TORCH_CHECK(general || normalizer == "softmax" || normalizer == "sparsemax" ||
+                  normalizer == "entmax15",
+              kSdpa, ": unknown normalizer \"", normalizer, "\"; expected one of \"softmax\", "
+              "\"sparsemax\", \"entmax15\" or \"entmax\" (with alpha)");
+  if (!general) {
+    TORCH_CHECK(!alpha, kSdpa, ": alpha is only taken by normalizer=\"entmax\" (sparsemax is "
+                "alpha=2, entmax15 alpha=1.5), got alpha=", alpha.value_or(0), " with normalizer=\"",
+                normalizer, "\"");
+    if (normalizer == "softmax") return 1;
+    return normalizer == "sparsemax" ? 2.0 : 1.5;
+  }
+  TORCH_CHECK(alpha, kSdpa, ": normalizer=\"entmax\" needs alpha, a finite number > 1 "
+              "(2 is sparsemax, 1.5 entmax-1.5)");
+  checks::sparse_alpha(*alpha);
+  return *alpha;
+}
+
 std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key,
                                           const Tensor& value,
                                           const std::optional<Tensor>& attn_mask,
@@ -268,20 +375,19 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
                                           bool need_weights, c10::string_view normalizer,
                                           std::optional<double> alpha) {
   checks::sdpa_kinds(query, key, value, attn_mask, scale);
-  if (const auto sparse_alpha = normalizer_alpha(normalizer, alpha)) {
-    return sparse_scaled_dot_product_attention(query, key, value, attn_mask, is_causal, scale,
-                                               need_weights, *sparse_alpha);
-  }
+  const double a = normalizer_alpha(normalizer, alpha);
   if (!records_graph(query, key, value, attn_mask)) {
     // Nothing for autograd to record: the forward operator alone, without the autograd
     // function's node, context and output wrapping.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [output, lse, weights] =
-        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
+    auto [output, stat, weights, support_value] =
+        forward_call(query, key, value, attn_mask, is_causal, scale, need_weights, a);
     return {output, need_weights ? weights : at::empty({0}, output.options())};
   }
+  // The kept probabilities pay at softmax's small shapes; the sparse normalizers recompute them
+  // from τ.
   auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights,
-                                  keep_probabilities(query, key, value));
+                                  a == 1 && keep_probabilities(query, key, value), a);
   return {outs[0], outs[1]};
 }
 
@@ -317,6 +423,15 @@ TORCH_LIBRARY(attnlab, m) {
       "Tensor? weights=None, bool grad_mask=False, bool grad_weights=False) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask, "
       "Tensor grad_weights)");
+  m.def(
+      "_sparse_sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
+      "bool is_causal, float? scale, bool need_weights, float alpha) "
+      "-> (Tensor output, Tensor tau, Tensor support_value, Tensor weights)");
+  m.def(
+      "_sparse_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
+      "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor tau, "
+      "Tensor support_value, float alpha, Tensor? weights=None, bool grad_mask=False) "
+      "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {
@@ -326,4 +441,6 @@ TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("_sdpa_forward", &attnlab::sdpa_forward_cpu);
   m.impl("_sdpa_backward", &attnlab::sdpa_backward_cpu);
+  m.impl("_sparse_sdpa_forward", &attnlab::sparse_forward_cpu);
+  m.impl("_sparse_sdpa_backward", &attnlab::sparse_backward_cpu);
 }

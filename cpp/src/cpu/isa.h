@@ -7,8 +7,16 @@
 // runs it: no x86-64-v4 clones, and cpu_isa_capped_at_avx2() always true, so that an AVX-512
 // machine tests and measures the very code (x86-64-v3 clones included) that Zen 3 or Haswell
 // class CPUs get. A separate build for developers (docs/development.md), never the package.
+//
+// ATTNLAB_CPU_NATIVE_ONLY (the CMake option) compiles one copy, for the building machine's own
+// instruction set (-march=native): for builds whose code runs only where it was built (the
+// sanitizer build, .ci/sanitize), where the other clones would only be compiled, never run.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#ifdef ATTNLAB_CPU_AVX2_ONLY
+#if defined(ATTNLAB_CPU_NATIVE_ONLY)
+#define ATTNLAB_ISA_CLONES
+#define ATTNLAB_AVX512_CLONES
+#define ATTNLAB_CPU_CLONE_TARGETS "native"
+#elif defined(ATTNLAB_CPU_AVX2_ONLY)
 #define ATTNLAB_ISA_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #define ATTNLAB_AVX512_CLONES
 #define ATTNLAB_CPU_CLONE_TARGETS "x86-64-v3,default"

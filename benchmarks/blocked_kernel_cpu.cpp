@@ -1,4 +1,4 @@
-// The CPU attention kernels' entry points (cpp/src/cpu/attention_kernel.h) timed on their own:
+// The CPU attention kernels' entry points (cpp/src/cpu/attention/attention_kernel.h) timed on their own:
 // attnlab::cpu::attention_forward and attention_backward on raw float32 buffers, without the
 // operator, Python or autograd; the blocked path, or the small kernels where every key fits in
 // a vector (up to 16 keys: benchmarks/small_kernel_cpu.sh times those without the task split).
@@ -29,7 +29,7 @@
 #include <ATen/Parallel.h>
 
 #include "timer_args.h"
-#include "cpu/attention_kernel.h"
+#include "cpu/attention/attention_kernel.h"
 
 namespace {
 

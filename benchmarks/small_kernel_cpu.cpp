@@ -1,4 +1,4 @@
-// The register-resident small attention kernels (cpp/src/cpu/small_attention.h) timed on their
+// The register-resident small attention kernels (cpp/src/cpu/attention/small_attention.h) timed on their
 // own: no operator, no Python, no threads. Built and run by benchmarks/small_kernel_cpu.sh.
 //
 //   small_kernel_cpu [--heads N] [--len L] [--dim E] [--weights] [--causal] [--avx2]
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "timer_args.h"
-#include "cpu/small_attention.h"
-#include "cpu/softmax_rows.h"
+#include "cpu/attention/small_attention.h"
+#include "cpu/attention/softmax_rows.h"
 
 namespace {
 

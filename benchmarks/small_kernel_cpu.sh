@@ -14,6 +14,6 @@ if [ "${AVX2_ONLY:-0}" = 1 ]; then defines+=(-DATTNLAB_CPU_AVX2_ONLY=1); fi
 # As CMakeLists.txt compiles these files (Release): -O3, OpenMP SIMD pragmas, no RTL GCSE.
 "${CXX:-c++}" -O3 -DNDEBUG -std=gnu++20 -fopenmp-simd -fno-gcse -fno-gcse-after-reload \
   -Wno-psabi -Wall -Wextra "${defines[@]}" -I cpp/src \
-  benchmarks/small_kernel_cpu.cpp cpp/src/cpu/small_attention.cpp \
-  cpp/src/cpu/small_attention_avx2.cpp cpp/src/cpu/isa.cpp -o "$out"
+  benchmarks/small_kernel_cpu.cpp cpp/src/cpu/attention/small_attention.cpp \
+  cpp/src/cpu/attention/small_attention_avx2.cpp cpp/src/cpu/isa/isa.cpp -o "$out"
 exec "$out" "$@"

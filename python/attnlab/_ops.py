@@ -69,7 +69,7 @@ def _additive_scores_backward_fake(grad_scores, query_proj, key_proj, weight):
 
 
 def _encoder_block_activations(x, params, num_heads):
-    """Elements the forward keeps for the backward (cpu/encoder_block_kernel.h)."""
+    """Elements the forward keeps for the backward (cpu/encoder/encoder_block_kernel.h)."""
     batch, length, dim = x.shape
     dim_ff = params[6].shape[0]
     tokens = batch * length

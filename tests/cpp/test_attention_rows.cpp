@@ -12,7 +12,7 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
-#include "cpu/attention_kernel.h"
+#include "cpu/attention/attention_kernel.h"
 
 namespace {
 

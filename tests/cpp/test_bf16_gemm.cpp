@@ -1,4 +1,4 @@
-// The bfloat16 GEMM (cpu/bf16_gemm.h) against a float64 product of the operands rounded to
+// The bfloat16 GEMM (cpu/gemm/bf16_gemm.h) against a float64 product of the operands rounded to
 // bfloat16 here, independently: every transpose combination, ragged sizes around the register
 // block and vector widths, odd k, alpha/beta (beta = 0 over NaN), padded leading dimensions.
 #include <cmath>
@@ -15,7 +15,7 @@
 
 #include "gemm_contract.h"
 
-#include "cpu/bf16_gemm.h"
+#include "cpu/gemm/gemm.h"
 
 namespace {
 
@@ -41,7 +41,7 @@ double to_bf16(float x) {
 
 #define SKIP_WITHOUT_BF16()                                                                 \
   if (!bf16_gemm_available()) {                                                             \
-    GTEST_SKIP() << "this CPU lacks AVX512-BF16: bf16_gemm runs the float32 gemm instead "  \
+    GTEST_SKIP() << "this CPU lacks AVX512-BF16: gemm_bf16_operands runs the float32 gemm "  \
                     "(BF16Gemm.WithoutAvx512Bf16IsTheFloatGemm covers that)";               \
   }
 
@@ -65,8 +65,9 @@ int run_case(const Case& t, bool rounded, std::mt19937& rng) {
     for (int64_t j = 0; j < t.n; ++j) c0[i * ldc + j] = t.beta == 0.0f ? kNaN : normal(rng);
   }
   c = c0;
-  bf16_gemm(t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, a.data(), lda, b.data(), ldb, t.beta,
-            c.data(), ldc);
+  // The route kernels take: bf16_gemm where the CPU has AVX512-BF16, else the float32 gemm.
+  attnlab::cpu::gemm_bf16_operands(t.trans_a, t.trans_b, t.m, t.n, t.k, t.alpha, a.data(), lda,
+                                   b.data(), ldb, t.beta, c.data(), ldc);
   const auto round = [&](float x) { return rounded ? to_bf16(x) : static_cast<double>(x); };
   int wrong = 0;
   for (int64_t i = 0; i < t.m; ++i) {

@@ -1,4 +1,4 @@
-// TaskRanges and parallel_tasks (cpu/task_ranges.h): every task handed out exactly once, a
+// TaskRanges and parallel_tasks (cpu/isa/task_ranges.h): every task handed out exactly once, a
 // part's own tasks in order from its front, the others' taken from their backs; under real
 // threads racing for the same ranges too.
 #include <algorithm>
@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cpu/task_ranges.h"
+#include "cpu/isa/task_ranges.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// ThreadShares (cpu/thread_shares.h): an even split until told otherwise, then shares that
+// ThreadShares (cpu/isa/thread_shares.h): an even split until told otherwise, then shares that
 // follow the parts' measured speeds; every part keeps at least one unit, and a call that
 // measured nothing usable leaves the estimate alone.
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "cpu/thread_shares.h"
+#include "cpu/isa/thread_shares.h"
 
 namespace {
 

@@ -9,9 +9,9 @@
 
 #include <gtest/gtest.h>
 
-#include "cpu/bf16_gemm.h"
-#include "cpu/softmax_rows.h"
-#include "cpu/vec_math.h"
+#include "cpu/gemm/bf16_gemm.h"
+#include "cpu/attention/softmax_rows.h"
+#include "cpu/isa/vec_math.h"
 
 namespace {
 

@@ -7,7 +7,7 @@
 #include <torch/library.h>
 
 #include "attnlab/attention.h"
-#include "cpu/additive_kernel.h"
+#include "cpu/attention/additive_kernel.h"
 #include "ops/checks.h"
 
 namespace attnlab {

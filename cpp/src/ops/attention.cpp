@@ -1,6 +1,6 @@
 // attnlab::scaled_dot_product_attention and its forward/backward operators: schemas, the one
 // autograd formula for every normalizer, and the CPU entry points that lay tensors out for the
-// one kernel (cpu/attention_kernel.h). Softmax keeps each row's log-sum-exp for the backward
+// one kernel (cpu/attention/attention_kernel.h). Softmax keeps each row's log-sum-exp for the backward
 // (_sdpa_forward, _sdpa_backward); a sparse normalizer its threshold τ and U = S·V/ΣS
 // (_sparse_sdpa_forward, _sparse_sdpa_backward), where U takes the output's place in δ.
 
@@ -12,8 +12,8 @@
 #include <torch/library.h>
 
 #include "attnlab/attention.h"
-#include "cpu/attention_kernel.h"
-#include "cpu/bf16_gemm.h"
+#include "cpu/attention/attention_kernel.h"
+#include "cpu/gemm/gemm.h"
 #include "ops/checks.h"
 #include "ops/layout.h"
 

@@ -10,9 +10,8 @@
 
 #include <ATen/Parallel.h>
 
-#include "cpu/bf16_gemm.h"
-#include "cpu/f32_gemm.h"
-#include "cpu/isa.h"
+#include "cpu/gemm/gemm.h"
+#include "cpu/isa/isa.h"
 
 namespace attnlab {
 

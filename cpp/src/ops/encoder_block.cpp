@@ -9,7 +9,7 @@
 #include <torch/library.h>
 
 #include "attnlab/attention.h"
-#include "cpu/encoder_block_kernel.h"
+#include "cpu/encoder/encoder_block_kernel.h"
 #include "ops/checks.h"
 #include "ops/layout.h"
 

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
 
-#include "cpu/attention_kernel.h"
+#include "cpu/attention/attention_kernel.h"
 
 namespace attnlab {
 

@@ -38,8 +38,8 @@ bool bf16_products_pay();
 // C[m×n] = alpha·op(A)·op(B) + beta·C with the contract of gemm (row-major, leading dimensions
 // lda, ldb, ldc, op(X) = Xᵀ when trans_x, beta = 0 ignores C's previous contents, NaN included),
 // except that A and B are first rounded to bfloat16 (to nearest, ties to even); the products
-// of the rounded values are exact in float32 and summed in float32. Where bf16_gemm_available()
-// is false it is the float32 gemm, without the rounding.
+// of the rounded values are exact in float32 and summed in float32. Only where
+// bf16_gemm_available() (gemm_bf16_operands, cpu/gemm/gemm.h, is the route for any CPU).
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc);

@@ -4,7 +4,7 @@
 
 #include <utility>
 
-#include "cpu/isa.h"
+#include "cpu/isa/isa.h"
 
 namespace attnlab::cpu {
 

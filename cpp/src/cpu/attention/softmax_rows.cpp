@@ -1,4 +1,4 @@
-#include "cpu/softmax_rows.h"
+#include "cpu/attention/softmax_rows.h"
 
 // The whole-vector helpers (vec_lanes.h) pass 64-byte vectors by value, all inlined into the
 // per-ISA clones: GCC's note that such an ABI differs between instruction sets does not apply.
@@ -10,10 +10,10 @@
 
 #include <c10/util/Exception.h>
 
-#include "cpu/bf16_gemm.h"
-#include "cpu/isa.h"
-#include "cpu/vec_lanes.h"
-#include "cpu/vec_math.h"
+#include "cpu/gemm/gemm.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_lanes.h"
+#include "cpu/isa/vec_math.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_HAVE_AVX512_EXP 1
@@ -94,7 +94,7 @@ ATTNLAB_AVX512 float exp_shift_sum16(float* x, int64_t n, float shift) {
 
 #define ATTNLAB_AVX2_INLINE ATTNLAB_AVX2_TARGET inline __attribute__((always_inline))
 
-// The float row passes in AVX2 intrinsics, run where avx2_without_avx512() (cpu/isa.h): on an
+// The float row passes in AVX2 intrinsics, run where avx2_without_avx512() (cpu/isa/isa.h): on an
 // AMD EPYC Zen 3 the generic online_softmax_block took more time than the MKL products around
 // it (30 % of a (8, 8, 512, 64) float32 forward against 27 %).
 //

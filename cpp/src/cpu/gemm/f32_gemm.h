@@ -3,7 +3,9 @@
 // call (in chunks of 256 steps of the sum, which stay in the L1 cache), op(A) broadcast from
 // memory, an 8-row register block, beta = 0 without reading C. At the
 // attention's and the encoder's block sizes it costs less than a sequential BLAS call, whose
-// packing copies and C scaling weigh on products this small (see cpu/blas.cpp for the figures).
+// packing copies and C scaling weigh on products this small (see cpu/gemm/gemm.cpp for the
+// figures). Kernels reach it through cpu/gemm/gemm.h: gemm() takes it where it pays, and the
+// packed and in-place products below are for the attention kernels' fused row passes.
 
 #include <cstdint>
 #include <limits>
@@ -15,8 +17,8 @@ bool f32_gemm_available();
 
 // C[m×n] = alpha·op(A)·op(B) + beta·C with the contract of gemm (row-major, leading dimensions
 // lda, ldb, ldc, op(X) = Xᵀ when trans_x, beta = 0 ignores C's previous contents, NaN
-// included). Where f32_gemm_available() is false, or for an empty product, it is blas_gemm
-// (cpu/blas.h).
+// included). Only where f32_gemm_available() (gemm(), cpu/gemm/gemm.h, is the route for any
+// CPU).
 void f32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc);

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "cpu/attention_kernel.h"
+#include "cpu/attention/attention_kernel.h"
 
 namespace attnlab::cpu {
 

@@ -1,4 +1,4 @@
-#include "cpu/attention_kernel.h"
+#include "cpu/attention/attention_kernel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,16 +10,14 @@
 
 #include <ATen/Parallel.h>
 
-#include "cpu/bf16_gemm.h"
-#include "cpu/blas.h"
-#include "cpu/f32_gemm.h"
-#include "cpu/isa.h"
-#include "cpu/small_attention.h"
-#include "cpu/small_sparse_attention.h"
-#include "cpu/softmax_rows.h"
-#include "cpu/sparse_rows.h"
-#include "cpu/task_ranges.h"
-#include "cpu/vec_math.h"
+#include "cpu/gemm/gemm.h"
+#include "cpu/isa/isa.h"
+#include "cpu/attention/small_attention.h"
+#include "cpu/attention/small_sparse_attention.h"
+#include "cpu/attention/softmax_rows.h"
+#include "cpu/attention/sparse_rows.h"
+#include "cpu/isa/task_ranges.h"
+#include "cpu/isa/vec_math.h"
 
 namespace attnlab::cpu {
 namespace {
@@ -83,16 +81,14 @@ struct ZerosFlushed {
 };
 
 // The blocked paths' GEMMs: gemm's contract, on bfloat16 products when the problem says its
-// operands are bfloat16 and the CPU has AVX512-BF16 (bf16_gemm), else on T. No size threshold:
-// on an AVX-512 AMD EPYC core bf16_gemm, packing included, beat the float32 gemm at every size
-// measured, from 4×20×8 (1.8×) and 17×17×16 (1.1×) to 256×512×64 (1.85×).
+// operands are bfloat16 (gemm_bf16_operands), else on T.
 template <typename T>
 void block_gemm(const AttentionProblem<T>& p, bool trans_a, bool trans_b, int64_t m, int64_t n,
                 int64_t k, T alpha, const T* a, int64_t lda, const T* b, int64_t ldb, T beta,
                 T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
-    if (p.bf16_operands && bf16_gemm_available()) {
-      bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    if (p.bf16_operands) {
+      gemm_bf16_operands(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       return;
     }
   }

@@ -1,12 +1,12 @@
-#include "cpu/blas.h"
+#include "cpu/gemm/gemm.h"
 
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
 
-#include "cpu/f32_gemm.h"
-#include "cpu/isa.h"
-#include "cpu/vec_transpose.h"
+#include "cpu/gemm/f32_gemm.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_transpose.h"
 
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -37,7 +37,7 @@ constexpr int64_t kSmallWork = 64 * 64 * 64;
 constexpr int64_t kSmallWorkFloat32WithoutAvx512 = 8 * 8 * 8;
 constexpr int64_t kPackedBytes = 32 * 1024;
 
-// float32 products go to f32_gemm (cpu/f32_gemm.h) on AVX-512 CPUs, at every size up to this
+// float32 products go to f32_gemm (cpu/gemm/f32_gemm.h) on AVX-512 CPUs, at every size up to this
 // k. Measured on one AMD EPYC (Zen 4) core, thread CPU time, best of 10-20, on a shared machine
 // (GFLOP/s, MKL sgemm_ or the small kernel below → f32_gemm):
 //   attention blocks: 64×512×64 A·Bᵀ 94 → 102; 64×64×512 A·B 95 → 108; 64×128×64 A·Bᵀ 93 → 102;
@@ -49,7 +49,7 @@ constexpr int64_t kPackedBytes = 32 * 1024;
 //   8×8×8 8.4 → 12.9 (2×3×5 ties at 0.03-0.04 µs);
 //   long sums: 256×256×4096 Aᵀ·B 94 → 96, but 128×128×16384 Aᵀ·B 83 → 60 (op(A) is broadcast
 //   from A's rows, one cache line per step of the sum, and the 32-column panel of B outgrows
-//   the L2 cache), so k above kF32GemmMaxK (blas.h) stays with BLAS.
+//   the L2 cache), so k above kF32GemmMaxK (gemm.h) stays with BLAS.
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -260,6 +260,16 @@ void gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doubl
               const double* a, int64_t lda, const double* b, int64_t ldb, double beta,
               const double* d, int64_t ldd, double* c, int64_t ldc) {
   gemm_add_any(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
+}
+
+void gemm_bf16_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
+                        float beta, float* c, int64_t ldc) {
+  if (bf16_gemm_available()) {
+    bf16_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
 }
 
 SequentialBlasScope::SequentialBlasScope() {

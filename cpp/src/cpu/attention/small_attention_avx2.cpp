@@ -4,8 +4,8 @@
 // file-wide -mavx2, so that the inline library code this file emits stays baseline x86-64.
 #define ATTNLAB_VECTOR_BYTES 32
 
-#include "cpu/small_attention.h"
-#include "cpu/small_attention_impl.h"
+#include "cpu/attention/small_attention.h"
+#include "cpu/attention/small_attention_impl.h"
 
 namespace attnlab::cpu::avx2 {
 

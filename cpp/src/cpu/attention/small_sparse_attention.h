@@ -19,7 +19,7 @@
 
 #include <cstdint>
 
-#include "cpu/small_attention.h"
+#include "cpu/attention/small_attention.h"
 
 namespace attnlab::cpu {
 

@@ -1,4 +1,4 @@
-#include "cpu/encoder_block_kernel.h"
+#include "cpu/encoder/encoder_block_kernel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,10 +8,9 @@
 
 #include <ATen/Parallel.h>
 
-#include "cpu/blas.h"
-#include "cpu/f32_gemm.h"
-#include "cpu/isa.h"
-#include "cpu/thread_shares.h"
+#include "cpu/gemm/gemm.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/thread_shares.h"
 
 namespace attnlab::cpu {
 namespace {

@@ -10,9 +10,9 @@
 #include <limits>
 #include <utility>
 
-#include "cpu/isa.h"
-#include "cpu/vec_math.h"
-#include "cpu/vec_transpose.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_math.h"
+#include "cpu/isa/vec_transpose.h"
 
 namespace attnlab::cpu {
 // Internal linkage: the helpers exist only inlined, and GCC notes an ABI change for 64-byte

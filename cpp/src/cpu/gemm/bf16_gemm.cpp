@@ -1,4 +1,4 @@
-#include "cpu/bf16_gemm.h"
+#include "cpu/gemm/bf16_gemm.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,15 +11,14 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Exception.h>
 
-#include "cpu/blas.h"
-#include "cpu/isa.h"
+#include "cpu/isa/isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_HAVE_BF16_KERNEL 1
 #include <immintrin.h>
 #include <x86intrin.h>
 
-#include "cpu/vec_transpose.h"
+#include "cpu/isa/vec_transpose.h"
 #endif
 
 namespace attnlab::cpu {
@@ -716,15 +715,19 @@ bool bf16_exact_scale(float alpha) {
 void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
                int64_t ldc) {
-#ifdef ATTNLAB_HAVE_BF16_KERNEL
-  if (m > 0 && n > 0 && k > 0 && bf16_gemm_available()) {
-    bf16_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                     brgemm_route());
+  TORCH_CHECK(bf16_gemm_available(), "bf16_gemm: needs bf16_gemm_available() "
+              "(cpu::gemm_bf16_operands picks the route for any CPU)");
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // C = beta·C, as BLAS has it (beta = 0: zeros, whatever C held)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    }
     return;
   }
+#ifdef ATTNLAB_HAVE_BF16_KERNEL
+  bf16_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                   brgemm_route());
 #endif
-  // Empty products (gemm scales or clears C when k = 0) and CPUs without AVX512-BF16.
-  gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace attnlab::cpu

@@ -1,12 +1,12 @@
-#include "cpu/additive_kernel.h"
+#include "cpu/attention/additive_kernel.h"
 
 #include <algorithm>
 #include <vector>
 
 #include <ATen/Parallel.h>
 
-#include "cpu/isa.h"
-#include "cpu/vec_math.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_math.h"
 
 namespace attnlab::cpu {
 namespace {

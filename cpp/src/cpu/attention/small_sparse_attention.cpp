@@ -1,4 +1,4 @@
-#include "cpu/small_sparse_attention.h"
+#include "cpu/attention/small_sparse_attention.h"
 
 // The helpers (vec_lanes.h) pass 64-byte vectors by value; they are all inlined into the
 // per-ISA clones, so the note that such an ABI differs between instruction sets does not apply.
@@ -9,9 +9,9 @@
 #include <cstring>
 #include <limits>
 
-#include "cpu/entmax_threshold.h"
-#include "cpu/isa.h"
-#include "cpu/vec_lanes.h"
+#include "cpu/attention/entmax_threshold.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_lanes.h"
 
 namespace attnlab::cpu {
 namespace {

@@ -7,7 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include "attnlab/cpu_gemm.h"
-#include "cpu/blas.h"
+#include "cpu/gemm/gemm.h"
 
 namespace attnlab {
 

@@ -1,7 +1,7 @@
-#include "cpu/small_attention.h"
+#include "cpu/attention/small_attention.h"
 
-#include "cpu/isa.h"
-#include "cpu/small_attention_impl.h"
+#include "cpu/isa/isa.h"
+#include "cpu/attention/small_attention_impl.h"
 
 namespace attnlab::cpu {
 

@@ -1,4 +1,4 @@
-#include "cpu/sparse_rows.h"
+#include "cpu/attention/sparse_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,9 +7,9 @@
 #include <limits>
 #include <vector>
 
-#include "cpu/entmax_threshold.h"
-#include "cpu/isa.h"
-#include "cpu/vec_math.h"
+#include "cpu/attention/entmax_threshold.h"
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_math.h"
 
 namespace attnlab::cpu {
 

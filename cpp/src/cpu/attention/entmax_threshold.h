@@ -6,7 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cpu/isa.h"
+#include "cpu/isa/isa.h"
 
 namespace attnlab::cpu {
 

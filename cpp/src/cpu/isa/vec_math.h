@@ -7,7 +7,7 @@
 #include <cstring>
 #include <limits>
 
-#include "cpu/isa.h"
+#include "cpu/isa/isa.h"
 
 namespace attnlab::cpu {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The small attention kernels' bodies (cpu/small_attention.h), included by small_attention.cpp
+// The small attention kernels' bodies (cpu/attention/small_attention.h), included by small_attention.cpp
 // (64-byte vectors, compiled per instruction set) and small_attention_avx2.cpp (32-byte vectors,
 // for AVX2 CPUs without AVX-512). Everything here is inlined into those files' entry points.
 //
@@ -17,10 +17,10 @@
 #include <limits>
 #include <utility>
 
-#include "cpu/isa.h"
-#include "cpu/small_attention.h"
-#include "cpu/vec_lanes.h"
-#include "cpu/vec_math.h"
+#include "cpu/isa/isa.h"
+#include "cpu/attention/small_attention.h"
+#include "cpu/isa/vec_lanes.h"
+#include "cpu/isa/vec_math.h"
 
 namespace attnlab::cpu {
 namespace {

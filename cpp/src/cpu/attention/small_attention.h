@@ -4,7 +4,7 @@
 // registers, a vector's width of query rows at a time (one row per lane), instead of going
 // through the blocked path's GEMM, softmax and GEMM calls, whose per-call packing and row loops
 // cost more than the arithmetic at these sizes.
-// Same results and conventions as the blocked path (cpu/attention_kernel.h, softmax_rows.h).
+// Same results and conventions as the blocked path (cpu/attention/attention_kernel.h, softmax_rows.h).
 
 #include <cstdint>
 
@@ -66,7 +66,7 @@ void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int6
 
 // The float kernels in 32-byte vectors, compiled for AVX2 and FMA (small_attention_avx2.cpp):
 // what the functions above run on CPUs with AVX2 but not AVX-512 (avx2_without_avx512,
-// cpu/isa.h). Callable only where the CPU has AVX2 and FMA.
+// cpu/isa/isa.h). Callable only where the CPU has AVX2 and FMA.
 namespace avx2 {
 void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                           const float* q, int64_t ldq, const float* k, int64_t ldk,

@@ -1,4 +1,4 @@
-#include "cpu/isa.h"
+#include "cpu/isa/isa.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -8,7 +8,7 @@ namespace attnlab::cpu {
 
 bool cpu_isa_capped_at_avx2() {
 #ifdef ATTNLAB_CPU_AVX2_ONLY
-  return true;  // built as an AVX2-only CPU runs (cpu/isa.h)
+  return true;  // built as an AVX2-only CPU runs (cpu/isa/isa.h)
 #else
   static const bool capped = [] {
     const char* value = std::getenv("ATTNLAB_CPU_ISA");

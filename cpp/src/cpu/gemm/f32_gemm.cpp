@@ -1,4 +1,4 @@
-#include "cpu/f32_gemm.h"
+#include "cpu/gemm/f32_gemm.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -8,14 +8,13 @@
 
 #include <c10/util/Exception.h>
 
-#include "cpu/blas.h"
-#include "cpu/isa.h"
+#include "cpu/isa/isa.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define ATTNLAB_HAVE_F32_KERNEL 1
 #include <immintrin.h>
 
-#include "cpu/vec_transpose.h"
+#include "cpu/isa/vec_transpose.h"
 #endif
 
 namespace attnlab::cpu {
@@ -873,14 +872,20 @@ void f32_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
 void f32_gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
                   const float* d, int64_t ldd, float* c, int64_t ldc) {
-#ifdef ATTNLAB_HAVE_F32_KERNEL
-  if (m > 0 && n > 0 && k > 0 && f32_gemm_available()) {
-    f32_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
+  TORCH_CHECK(f32_gemm_available(), "f32_gemm: needs f32_gemm_available() (cpu::gemm picks the "
+              "route for any CPU)");
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {  // C = beta·D, as BLAS has it (beta = 0: zeros, whatever D holds)
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * d[i * ldd + j];
+      }
+    }
     return;
   }
+#ifdef ATTNLAB_HAVE_F32_KERNEL
+  f32_gemm_avx512(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, d, ldd, c, ldc);
 #endif
-  fill_addend(m, n, beta, d, ldd, c, ldc);
-  blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace attnlab::cpu

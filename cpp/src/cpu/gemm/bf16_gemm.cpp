@@ -1,5 +1,7 @@
 #include "cpu/gemm/bf16_gemm.h"
 
+#include "cpu/gemm/f32_gemm.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -718,10 +720,8 @@ void bf16_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   TORCH_CHECK(bf16_gemm_available(), "bf16_gemm: needs bf16_gemm_available() "
               "(cpu::gemm_bf16_operands picks the route for any CPU)");
   if (m <= 0 || n <= 0) return;
-  if (k <= 0) {  // C = beta·C, as BLAS has it (beta = 0: zeros, whatever C held)
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
-    }
+  if (k <= 0) {
+    empty_sum_product(m, n, beta, c, ldc, c, ldc);
     return;
   }
 #ifdef ATTNLAB_HAVE_BF16_KERNEL

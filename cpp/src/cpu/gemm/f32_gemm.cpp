@@ -875,12 +875,8 @@ void f32_gemm_add(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
   TORCH_CHECK(f32_gemm_available(), "f32_gemm: needs f32_gemm_available() (cpu::gemm picks the "
               "route for any CPU)");
   if (m <= 0 || n <= 0) return;
-  if (k <= 0) {  // C = beta·D, as BLAS has it (beta = 0: zeros, whatever D holds)
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) {
-        c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * d[i * ldd + j];
-      }
-    }
+  if (k <= 0) {
+    empty_sum_product(m, n, beta, d, ldd, c, ldc);
     return;
   }
 #ifdef ATTNLAB_HAVE_F32_KERNEL

@@ -12,6 +12,16 @@
 
 namespace attnlab::cpu {
 
+// The product of an empty sum (k = 0), as BLAS has it: C[m×n] = beta·D (D's rows ldd apart; D
+// may be C), zeros when beta = 0 whatever D holds. Every route of gemm ends this way.
+template <typename T>
+inline void empty_sum_product(int64_t m, int64_t n, T beta, const T* d, int64_t ldd, T* c,
+                              int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * d[i * ldd + j];
+  }
+}
+
 // Whether this CPU runs f32_gemm's AVX-512 kernel (AVX-512 F/BW/VL/DQ), checked once.
 bool f32_gemm_available();
 

@@ -170,10 +170,8 @@ template <typename T>
 void gemm_any(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
               int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (k == 0) {  // BLAS would leave C untouched when beta = 1 and scale it otherwise
-    for (int64_t i = 0; i < m; ++i) {
-      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
-    }
+  if (k == 0) {
+    empty_sum_product(m, n, beta, c, ldc, c, ldc);
     return;
   }
   if constexpr (std::is_same_v<T, float>) {

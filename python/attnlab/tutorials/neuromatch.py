@@ -125,7 +125,9 @@ class SelfAttention(torch.nn.Module):
         self.v = 2  # the vocabulary: 0 and 1
         init_std = 0.001
         self.tokenizer = torch.nn.Embedding(self.v, self.d)
-        self.positioner = torch.nn.Parameter(torch.empty(1, self.T, self.d))
+        # Drawn uniformly and then re-drawn below, as the tutorial does: the first draw moves
+        # the generator, so every later draw under a seed matches the tutorial's.
+        self.positioner = torch.nn.Parameter(torch.rand(1, self.T, self.d))
         self.Wq = torch.nn.Linear(self.d, self.d, bias=False)
         self.Wk = torch.nn.Linear(self.d, self.d, bias=False)
         self.Wv = torch.nn.Linear(self.d, 1, bias=False)

@@ -269,18 +269,18 @@ def evaluate(data_loader, model: nn.Module | None = None) -> float:
 
 
 def train(train_loader, valid_loader, model: nn.Module | None = None, optimizer=None,
-          epochs: int = 10, loss_fn=F.cross_entropy) -> list[dict]:
+          epochs: int | None = None, loss_fn=F.cross_entropy) -> list[dict]:
     """The notebook's training loop: ``epochs`` passes over ``train_loader`` (cross-entropy,
     ``optimizer`` steps), printing the mean training loss and accuracy of each epoch, then
-    evaluating on ``valid_loader``. ``model`` and ``optimizer`` default to the notebook's
-    globals of those names.
+    evaluating on ``valid_loader``. ``model``, ``optimizer`` and ``epochs`` default to the
+    notebook's globals of those names, as the notebook's loop reads them.
 
     Returns:
         One dict per epoch: ``train_loss``, ``train_acc``, ``valid_acc``.
     """
     model = from_notebook("model", model, "train")
     optimizer = from_notebook("optimizer", optimizer, "train")
-    check_positive_int("epochs", epochs)
+    epochs = check_positive_int("epochs", from_notebook("epochs", epochs, "train"))
     device = _device_of(model)
     history = []
     for epoch in range(epochs):

@@ -254,7 +254,9 @@ class SetAnomalyDataset(data.Dataset):
         if int(counts[0]) < self.set_size:
             raise ValueError(f"each class has {int(counts[0])} images, fewer than the "
                              f"{self.set_size} a set of size {set_size} needs")
-        self.img_idx_by_label = torch.argsort(self.labels, stable=True).reshape(self.num_labels, -1)
+        # torch's default sort, as the tutorial's: its order among equal labels decides which
+        # images make up each fixed test set.
+        self.img_idx_by_label = torch.argsort(self.labels).reshape(self.num_labels, -1)
         if not train:
             self.test_sets = self._create_test_sets()
 

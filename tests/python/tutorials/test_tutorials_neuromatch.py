@@ -43,6 +43,28 @@ def ref_table(T, d):
     return table[:T, :d]
 
 
+
+def test_self_attention_draws_its_weights_in_the_tutorials_order():
+    """Under a seed, SelfAttention's weights are the tutorial's draws: its layers' default
+    initialisations, the position table drawn uniformly, then every weight re-drawn from
+    N(0, 0.001) (the uniform draw moves the generator for all that follows)."""
+    T, d = 17, 2
+    torch.manual_seed(7)
+    model = SelfAttention(T, d)
+    torch.manual_seed(7)
+    tokenizer = torch.nn.Embedding(2, d)
+    positioner = torch.rand(1, T, d)
+    wq, wk = torch.nn.Linear(d, d, bias=False), torch.nn.Linear(d, d, bias=False)
+    wv, linear = torch.nn.Linear(d, 1, bias=False), torch.nn.Linear(T, 1, bias=False)
+    expected = [linear.weight, tokenizer.weight, positioner, wq.weight, wk.weight, wv.weight]
+    with torch.no_grad():
+        for weight in expected:
+            weight.normal_(std=0.001)
+    drawn = [model.linear.weight, model.tokenizer.weight, model.positioner, model.Wq.weight,
+             model.Wk.weight, model.Wv.weight]
+    for got, want in zip(drawn, expected):
+        assert torch.equal(got.detach(), want.detach())
+
 def test_self_attention_returns_the_tutorials_tuple():
     torch.manual_seed(0)
     context_length, embed_dim = 17, 2

@@ -181,6 +181,24 @@ def test_train_and_evaluate_as_the_notebook_calls_them(monkeypatch, capsys):
     assert abs(accuracy - direct) < 1e-6  # equal batches: the batch mean is the mean
 
 
+def test_train_reads_the_notebooks_epochs(monkeypatch, capsys):
+    """As in the notebook, train's loop runs the global ``epochs`` unless given; with neither,
+    a clear error names it."""
+    generator = torch.Generator().manual_seed(3)
+    loader = torch.utils.data.DataLoader(_toy_corpus(64, generator), batch_size=32)
+    model = TransformerClassifier(num_layers=1, d_model=8, num_heads=2, conv_hidden_dim=8,
+                                  input_vocab_size=30, num_answers=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "epochs", 2, raising=False)
+    assert len(train(loader, loader, model, optimizer)) == 2
+    assert len(train(loader, loader, model, optimizer, epochs=1)) == 1
+    monkeypatch.delattr(main, "epochs")
+    with pytest.raises(ValueError, match="pass epochs="):
+        train(loader, loader, model, optimizer)
+    capsys.readouterr()
+
+
 def test_bad_inputs_are_named(monkeypatch):
     with pytest.raises(ValueError, match="divisible"):
         MultiHeadAttention(10, 3, 0.0)

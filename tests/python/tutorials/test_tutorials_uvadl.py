@@ -280,6 +280,16 @@ def test_set_anomaly_dataset_sets():
     assert not all(torch.equal(first, train_anom_dataset[0][1]) for _ in range(5))  # redrawn
 
 
+def test_set_anomaly_dataset_sorts_labels_as_the_tutorial():
+    """Images of one class are listed in torch's default sort order of the labels (the
+    tutorial's), not a stable sort: at Fashion-MNIST's 10,000 shuffled test labels the two orders
+    differ, and with them the fixed test sets."""
+    labels = torch.randperm(10_000, generator=torch.Generator().manual_seed(0)) % 10
+    assert not torch.equal(torch.argsort(labels), torch.argsort(labels, stable=True))
+    dataset = SetAnomalyDataset(torch.zeros(10_000, 1), labels, set_size=10, train=True)
+    assert torch.equal(dataset.img_idx_by_label.flatten(), torch.argsort(labels))
+
+
 def test_bad_inputs_are_named():
     with pytest.raises(ValueError, match="same number of images"):
         SetAnomalyDataset(torch.randn(7, 3), torch.tensor([0, 0, 0, 1, 1, 1, 1]))

@@ -38,6 +38,12 @@ class TransformerPredictor(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         return self.output_net(self.transformer(self.embed(x), mask=mask))
 
+    def forward_with_attention(self, x: torch.Tensor, mask: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The logits of :meth:`forward` and one [B, H, L, L] map per layer, from one pass."""
+        x, maps = self.transformer.forward_with_attention(self.embed(x), mask=mask)
+        return self.output_net(x), maps
+
     @torch.no_grad()
     def get_attention_maps(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         """One [B, H, L, L] map per layer."""

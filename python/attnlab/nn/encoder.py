@@ -65,11 +65,20 @@ class EncoderBlock(nn.Module):
                 x, *self._fused_parameters(), attn.num_heads,
                 _heads_mask(mask, x.shape[0], x.shape[1]), self.norm_first,
                 self._modules["norm1"].eps, self._modules["norm2"].eps)
+        return self._module_by_module(x, mask, return_attention=False)[0]
+
+    def _module_by_module(self, x: torch.Tensor, mask: torch.Tensor | None,
+                          return_attention: bool):
+        """(output, the attention's weights [B, H, L, L] or None): the block computed module by
+        module, its attention returning its weights when asked."""
+        attended = self.self_attn(self.norm1(x) if self.norm_first else x, mask=mask,
+                                  return_attention=return_attention)
+        attended, attention = attended if return_attention else (attended, None)
         if self.norm_first:
-            x = x + self.dropout(self.self_attn(self.norm1(x), mask=mask))
-            return x + self.dropout(self.linear_net(self.norm2(x)))
-        x = self.norm1(x + self.dropout(self.self_attn(x, mask=mask)))
-        return self.norm2(x + self.dropout(self.linear_net(x)))
+            x = x + self.dropout(attended)
+            return x + self.dropout(self.linear_net(self.norm2(x))), attention
+        x = self.norm1(x + self.dropout(attended))
+        return self.norm2(x + self.dropout(self.linear_net(x))), attention
 
     # Both below run on every fused call, whose operator takes ~20 µs at small shapes:
     # nn.Module's attribute lookup (a Python __getattr__ per level) and Sequential's indexing
@@ -144,13 +153,17 @@ class TransformerEncoder(nn.Module):
             x = layer(x, mask=mask)
         return x
 
+    def forward_with_attention(self, x: torch.Tensor, mask: torch.Tensor | None = None
+                               ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The output of :meth:`forward` and one attention map ``[B, H, L, L]`` per layer, from
+        one pass (module by module; the maps carry no gradient)."""
+        maps = []
+        for layer in self.layers:
+            x, attention = layer._module_by_module(x, mask, return_attention=True)
+            maps.append(attention)
+        return x, maps
+
     @torch.no_grad()
     def get_attention_maps(self, x: torch.Tensor, mask: torch.Tensor | None = None):
         """One attention map [B, H, L, L] per layer, for the input x."""
-        maps = []
-        for layer in self.layers:
-            attn_input = layer.norm1(x) if layer.norm_first else x
-            _, attention = layer.self_attn(attn_input, mask=mask, return_attention=True)
-            maps.append(attention)
-            x = layer(x, mask=mask)
-        return maps
+        return self.forward_with_attention(x, mask=mask)[1]

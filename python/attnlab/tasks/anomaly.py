@@ -146,8 +146,9 @@ def make_task(config: AnomalyConfig, progress: bool = True,
         found, zeros, weights = [], 0, 0
         for chunk in sets.split(500):
             inputs = pools[split][0][chunk].to(device)
-            found.append(model(inputs).squeeze(-1).argmax(-1).cpu())
-            chunk_zeros, chunk_weights = attention_zero_counts(model.get_attention_maps(inputs))
+            logits, maps = model.forward_with_attention(inputs)
+            found.append(logits.squeeze(-1).argmax(-1).cpu())
+            chunk_zeros, chunk_weights = attention_zero_counts(maps)
             zeros, weights = zeros + chunk_zeros, weights + chunk_weights
         return (torch.cat(found) if found else torch.empty(0, dtype=torch.long)), zeros, weights
 

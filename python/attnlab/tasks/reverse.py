@@ -95,8 +95,9 @@ def make_task(config: ReverseConfig, device: str | torch.device | None = None) -
             if len(chunk) == 0:
                 continue
             inputs = one_hot(chunk, config.num_classes)
-            correct += (model(inputs).argmax(-1) == chunk.flip(1)).sum().item()
-            chunk_zeros, chunk_weights = attention_zero_counts(model.get_attention_maps(inputs))
+            logits, maps = model.forward_with_attention(inputs)
+            correct += (logits.argmax(-1) == chunk.flip(1)).sum().item()
+            chunk_zeros, chunk_weights = attention_zero_counts(maps)
             zeros, weights = zeros + chunk_zeros, weights + chunk_weights
         return {"accuracy": (correct, digits.numel()),
                 "attention_zero_fraction": (zeros, weights)}

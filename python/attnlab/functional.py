@@ -104,10 +104,63 @@ def check_normalizer(normalizer: str, alpha: float | None) -> None:
                          f"alpha -> 1 approaches softmax), got {alpha}")
 
 
+def _check_call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha,
+                dropout_p, enable_gqa) -> None:
+    """TypeError naming the argument for a value of the wrong kind (the operator's own error
+    would print its whole schema), and the arguments torch's SDPA takes that attnlab does not
+    honour yet."""
+    for name, tensor in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got "
+                        f"{type(attn_mask).__name__}")
+    for name, flag in (("is_causal", is_causal), ("need_weights", need_weights),
+                       ("enable_gqa", enable_gqa)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
+        raise TypeError(f"scale must be a number or None, got {type(scale).__name__} {scale!r}")
+    if not isinstance(normalizer, str):
+        raise TypeError(f"normalizer must be a string, got {type(normalizer).__name__} "
+                        f"{normalizer!r}")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))):
+        raise TypeError(f"alpha must be a number or None, got {type(alpha).__name__} {alpha!r}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a number, got {type(dropout_p).__name__} "
+                        f"{dropout_p!r}")
+    if dropout_p != 0:
+        raise NotImplementedError(
+            f"dropout_p={dropout_p}: attnlab's attention has no dropout on the weights yet; "
+            "pass dropout_p=0.0 (as torch's SDPA wants outside training too), or apply dropout "
+            "to the output")
+
+
+def _grouped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+             attn_mask: torch.Tensor | None):
+    """enable_gqa: query heads [..., H_q, L, E] as [..., H_kv, H_q/H_kv, L, E] against key and
+    value heads [..., H_kv, 1, S, E]: each group of query heads sees its key/value head through
+    broadcasting, without copies (query head h uses key/value head h // (H_q/H_kv), as torch
+    defines it). The mask follows the query's head dimension."""
+    heads, kv_heads = query.shape[-3], key.shape[-3]
+    if value.shape[-3] != kv_heads or heads % kv_heads:
+        raise ValueError(f"enable_gqa=True: query has {heads} heads, key {kv_heads} and value "
+                         f"{value.shape[-3]}; key and value need the same number of heads, "
+                         f"dividing the query's")
+    groups = heads // kv_heads
+    query = query.unflatten(-3, (kv_heads, groups))
+    key, value = key.unsqueeze(-3), value.unsqueeze(-3)
+    if attn_mask is not None and attn_mask.dim() >= 3:
+        attn_mask = (attn_mask.unflatten(-3, (kv_heads, groups)) if attn_mask.shape[-3] == heads
+                     else attn_mask.unsqueeze(-3))
+    return query, key, value, attn_mask
+
+
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                                  scale: float | None = None, need_weights: bool = False,
-                                 normalizer: str = "softmax", alpha: float | None = None
+                                 normalizer: str = "softmax", alpha: float | None = None,
+                                 dropout_p: float = 0.0, enable_gqa: bool = False
                                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """normalize(query @ key.transpose(-2, -1) * scale + mask) @ value, normalize = softmax by
     default, or a sparse normalizer (sparsemax, entmax) that gives keys exactly zero weight.
@@ -130,25 +183,75 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             α = 1.5). CPU: float32 and float64.
         alpha: the α of ``normalizer="entmax"``, a finite number > 1 (α → 1 approaches softmax;
             2 and 1.5 take the exact sparsemax and entmax-1.5 paths). Only with ``"entmax"``.
+        dropout_p: as in torch's SDPA; only 0 for now (dropout on the weights is not
+            implemented: any other value raises ``NotImplementedError``).
+        enable_gqa: grouped-query attention as torch defines it: query ``[..., H_q, L_q, E]``
+            against key and value ``[..., H_kv, L_k, E]`` with ``H_kv`` dividing ``H_q``; query
+            head ``h`` attends with key/value head ``h // (H_q / H_kv)``, which are shared by
+            broadcasting, not copied. A mask's head dimension is the query's.
 
     Returns:
         The pair ``(output, weights)`` — output ``[..., L_q, E_v]``; weights, or ``None``
         unless ``need_weights``. A query whose keys are all masked gets a zero output and
-        zero weights.
+        zero weights. The weights carry no gradient: a loss on them does not reach the inputs.
 
     Raises:
+        TypeError: an argument of the wrong kind (a query that is not a tensor, a non-bool
+            flag, ...), named.
+        ValueError: ``enable_gqa`` with head counts that do not divide.
+        NotImplementedError: ``dropout_p`` other than 0.
         RuntimeError: bad shapes, dtypes or devices, an unknown normalizer, or ``alpha``
             missing, misplaced or not > 1; the message names the argument.
+
+    ``torch.jit.script`` compiles functions that call this one (the operator is called
+    directly there; attention hooks do not see scripted calls).
 
     Every hook registered with :func:`register_attention_hook` (``attnlab.interpret.record()``
     among them) sees the call; its results are the same.
     """
-    if not _hooks:
+    if torch.jit.is_scripting():
+        # TorchScript: the operator itself (it checks its arguments' types and shapes).
+        if dropout_p != 0.0:
+            raise NotImplementedError("dropout_p must be 0: attnlab's attention has no dropout "
+                                      "on the weights yet")
+        if enable_gqa:
+            raise NotImplementedError("enable_gqa=True is not available in TorchScript: give "
+                                      "key and value the query's heads (repeat_interleave)")
         output, weights = torch.ops.attnlab.scaled_dot_product_attention(
             query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha)
         return output, (weights if need_weights else None)
-    output, weights = torch.ops.attnlab.scaled_dot_product_attention(
-        query, key, value, attn_mask, is_causal, scale, True, normalizer, alpha)
+    return _attend(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer,
+                   alpha, dropout_p, enable_gqa)
+
+
+@torch.jit.unused
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+            attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
+            need_weights: bool, normalizer: str, alpha: float | None, dropout_p: float,
+            enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """scaled_dot_product_attention outside TorchScript: the checks, grouped heads and hooks."""
+    if (dropout_p != 0 or type(enable_gqa) is not bool or type(need_weights) is not bool
+            or type(is_causal) is not bool):
+        _check_call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer,
+                    alpha, dropout_p, enable_gqa)
+    try:
+        grouped = enable_gqa and min(query.dim(), key.dim(), value.dim()) >= 3 \
+            and query.shape[-3] != key.shape[-3]
+        q, k, v, mask = _grouped(query, key, value, attn_mask) if grouped else \
+            (query, key, value, attn_mask)
+        output, weights = torch.ops.attnlab.scaled_dot_product_attention(
+            q, k, v, mask, is_causal, scale, need_weights or bool(_hooks), normalizer, alpha)
+    except (RuntimeError, TypeError, AttributeError):
+        # Checked here, on the way out, so that correct calls pay nothing for it: an argument
+        # of the wrong kind raises a TypeError that names it.
+        _check_call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer,
+                    alpha, dropout_p, enable_gqa)
+        raise
+    if grouped:
+        output = output.flatten(-4, -3)
+        weights = weights.flatten(-4, -3) if weights.dim() >= 4 else weights
+    if not _hooks:
+        return output, (weights if need_weights else None)
     call = AttentionCall(query, key, value, attn_mask, is_causal, scale, normalizer, alpha,
                          output, weights)
     for hook in tuple(_hooks):

@@ -5,7 +5,10 @@
 #include <vector>
 
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+// The tensor API and autograd only: the whole C++ frontend (torch/torch.h) took twice as
+// long to compile.
+#include <torch/autograd.h>
+#include <torch/types.h>
 
 #include "attnlab/attention.h"
 

@@ -29,9 +29,10 @@ that accepts ``attn_implementation`` runs every attention layer through
   ``model.eval()``). Other features the operator lacks (soft-capping, attention sinks, position
   biases, paged caches, flash-attention packing arguments) and keyword arguments this backend
   does not know raise as well, rather than being ignored.
-- A query row whose keys are all masked (e.g. left padding in a causal model) gets a zero output
-  and zero weights; ``"eager"`` gives such rows uniform weights over all keys. Those rows belong
-  to padding tokens, so the outputs at real tokens are the same.
+- A query row whose keys are all masked (e.g. left padding in a causal model) gets what
+  ``"eager"`` gives it: uniform weights over all keys, and eager's gradients. transformers'
+  shifted loss reads the logits at the last such position, so padded training gives eager's
+  loss and gradients. (attnlab's operator itself gives such rows zeros.)
 - **Sparse normalizers**: ``"attnlab_sparsemax"`` and ``"attnlab_entmax15"`` are registered too,
   and run every attention layer with sparsemax or 1.5-entmax instead of softmax (weights with
   exact zeros; see ``normalizer=`` of :func:`attnlab.functional.scaled_dot_product_attention`).
@@ -83,6 +84,8 @@ _IGNORED_KWARGS = frozenset({
     "encoder_hidden_states",   # cross attention: its keys/values are already projected
     "sliding_window",          # the mask transformers builds already holds the window
     "return_dict",
+    "deterministic",           # flash-attention's choice of a deterministic backward; attnlab's
+                               # is always deterministic
 })
 
 # Features that change the result and that the operator does not have: refused unless unset.
@@ -136,6 +139,19 @@ def _check_kwargs(module: torch.nn.Module, kwargs: dict) -> None:
                         f"keyword argument(s) {', '.join(map(repr, unknown))}, which this "
                         "backend does not know how to honour; use attn_implementation='eager' "
                         "or report the model")
+
+
+def _as_eager_for_empty_rows(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The boolean mask itself, unless a query row in it may attend to no key (left padding in a
+    causal model): then the additive mask eager builds, 0 where attending and the dtype's
+    lowest value elsewhere. Added to such a row's scores, that value swallows them all, so the
+    row's weights are uniform over every key and its gradients are eager's; attnlab gives a row
+    masked with False (or -inf) zeros instead. (In float16, whose lowest value is -65504, the
+    row's scores are not swallowed, and its weights are the softmax of its scores.)"""
+    if bool(mask.any(-1).all()):
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, torch.finfo(dtype).min)
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -196,25 +212,13 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     mask = attention_mask
     if mask is not None and mask.dtype != torch.bool and mask.dtype != query.dtype:
         mask = mask.to(query.dtype)
-    groups = heads // kv_heads
-    if groups > 1:
-        # Grouped-query attention without repeat_kv: query heads [kv_head, group] against one
-        # key/value head each, broadcast over the group dimension.
-        batch = query.shape[0]
-        query = query.view(batch, kv_heads, groups, q_length, query.shape[-1])
-        key, value = key.unsqueeze(2), value.unsqueeze(2)
-        if mask is not None:
-            if mask.dim() == 4 and mask.shape[1] == heads:
-                mask = mask.unflatten(1, (kv_heads, groups))
-            elif mask.dim() == 4:
-                mask = mask.unsqueeze(2)
+    if mask is not None and mask.dtype == torch.bool:
+        mask = _as_eager_for_empty_rows(mask, query.dtype)
+    # Grouped-query attention without repeat_kv: enable_gqa shares each key/value head with its
+    # group of query heads by broadcasting.
     output, weights = functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=causal, scale=scaling,
-        need_weights=need_weights, normalizer=normalizer, alpha=alpha)
-    if groups > 1:
-        output = output.flatten(1, 2)
-        if weights is not None:
-            weights = weights.flatten(1, 2)
+        need_weights=need_weights, normalizer=normalizer, alpha=alpha, enable_gqa=True)
     return output.transpose(1, 2).contiguous(), weights
 
 

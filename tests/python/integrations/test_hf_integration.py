@@ -158,24 +158,26 @@ def test_matches_eager_with_attentions(name, dtype, tol, left_padding, one_threa
     loss_weights = torch.randn(eager.config.hidden_size, dtype=dtype,
                                generator=torch.Generator().manual_seed(2))
 
-    ref, ref_grads = run(eager, ids, mask, True, loss_weights, defined)
-    out, grads = run(ours, ids, mask, True, loss_weights, defined)
+    # Every position counts, padding included: transformers' shifted loss reads the logits at
+    # the last padded position of a left-padded sequence.
+    everywhere = torch.ones_like(defined)
+    ref, ref_grads = run(eager, ids, mask, True, loss_weights, everywhere)
+    out, grads = run(ours, ids, mask, True, loss_weights, everywhere)
 
     assert len(spy) == eager.config.num_hidden_layers
     assert all(call["need_weights"] for call in spy), "output_attentions must use need_weights"
-    assert_rel(out.last_hidden_state[defined], ref.last_hidden_state[defined], tol,
-               "last hidden state")
+    assert_rel(out.last_hidden_state, ref.last_hidden_state, tol, "last hidden state")
     assert len(out.attentions) == len(ref.attentions) == eager.config.num_hidden_layers
     heads = eager.config.num_attention_heads
     for layer, (mine, theirs) in enumerate(zip(out.attentions, ref.attentions)):
         assert mine.shape == (len(LENGTHS), heads, LENGTH, LENGTH)
+        assert_rel(mine, theirs, tol, f"attentions of layer {layer}")
+        # Masked keys get exactly 0 in rows that see a key; a row with no key at all gets
+        # eager's uniform weights 1/L over every key, masked ones included.
         rows = defined[:, None, :].expand(-1, heads, -1)
-        assert_rel(mine[rows], theirs[rows], tol, f"attentions of layer {layer}")
-        # The masked keys get exactly 0, and the rows with no key at all are zero rows (eager:
-        # uniform weights 1/L over every key, masked ones included).
-        assert (mine.masked_select(~allowed[:, None]) == 0).all()
+        assert (mine.masked_select(~allowed[:, None] & rows[..., None]) == 0).all()
         if not defined.all():
-            assert (theirs[~rows] - 1.0 / LENGTH).abs().max() < 1e-6
+            assert (mine[~rows] - 1.0 / LENGTH).abs().max() < 1e-6
         assert not mine.requires_grad  # the weights are for looking at
     assert_gradients(grads, ref_grads, tol)
 
@@ -229,19 +231,36 @@ def test_scaling_follows_the_model(overrides, one_thread, spy):
         assert_rel(mine, theirs, 1e-5, "attentions")
 
 
+class OperatorInputs(TorchDispatchMode):
+    """Records the shapes of the query and key of every call of attnlab's attention kernels."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "attnlab":  # (the model calls no other attnlab operator)
+            self.shapes.append((tuple(args[0].shape), tuple(args[1].shape)))
+        return func(*args, **(kwargs or {}))
+
+
 def test_grouped_query_attention_does_not_repeat_keys(one_thread, spy):
-    """Llama with 6 query heads on 2 key/value heads: keys reach the operator as
-    [B, kv_heads, 1, L, D] (broadcast over the 3 query heads of a group), never repeated."""
+    """Llama with 6 query heads on 2 key/value heads: the backend asks for enable_gqa, and keys
+    reach the operator as [B, kv_heads, 1, L, D] (broadcast over the 3 query heads of a group),
+    never repeated."""
     eager, ours = model_pair("llama", num_attention_heads=6, num_key_value_heads=2,
                              hidden_size=48, head_dim=8)
     ids, mask = padded_batch("llama")
     defined = allowed_keys("llama", mask).any(-1)
     with torch.no_grad():
         ref = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
-        out = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+        with OperatorInputs() as operator:
+            out = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
     for call in spy:
-        assert call["query"] == (len(LENGTHS), 2, 3, LENGTH, 8)
-        assert call["key"] == (len(LENGTHS), 2, 1, LENGTH, 8)
+        assert call["enable_gqa"] and call["key"] == (len(LENGTHS), 2, LENGTH, 8)
+    assert len(operator.shapes) >= len(spy)
+    assert set(operator.shapes) == {((len(LENGTHS), 2, 3, LENGTH, 8),
+                                     (len(LENGTHS), 2, 1, LENGTH, 8))}
     assert_rel(out.last_hidden_state[defined], ref.last_hidden_state[defined], 1e-5, "hidden")
     rows = defined[:, None, :].expand(-1, 6, -1)
     for mine, theirs in zip(out.attentions, ref.attentions):
@@ -377,6 +396,51 @@ def test_training_without_attention_dropout_matches_eager(one_thread):
     assert_gradients(grads, ref_grads, 1e-5)
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_left_padded_causal_lm_training_gives_eagers_loss_and_gradients(name, one_thread):
+    """The shifted loss of a causal LM reads the logits at the last pad position of a
+    left-padded sequence, a query that sees no key: the backend gives it eager's uniform
+    weights, so the loss and every gradient are eager's."""
+    from transformers import AutoModelForCausalLM
+    torch.manual_seed(0)
+    eager = AutoModelForCausalLM.from_config(make_config(name), attn_implementation="eager")
+    ours = AutoModelForCausalLM.from_config(make_config(name), attn_implementation="attnlab")
+    ours.load_state_dict(eager.state_dict())
+    ids, mask = padded_batch("llama")  # left padding
+    labels = ids.masked_fill(mask == 0, -100)
+    losses, grads = [], []
+    for model in (eager, ours):
+        model.train()
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+    assert abs(losses[1] - losses[0]) <= 1e-6 * abs(losses[0]), losses
+    assert_gradients(grads[1], grads[0], 1e-5)
+
+
+def test_modernbert_runs_and_matches_eager(one_thread):
+    """ModernBERT passes flash-attention's ``deterministic`` keyword, which cannot change the
+    result: ignored, and the model matches eager (its global and sliding-window layers)."""
+    from transformers import ModernBertConfig
+    config = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                  num_attention_heads=4, max_position_embeddings=32, local_attention=4,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1,
+                  sep_token_id=2, initializer_range=0.3)
+    torch.manual_seed(0)
+    eager = AutoModel.from_config(ModernBertConfig(**config), attn_implementation="eager").eval()
+    ours = AutoModel.from_config(ModernBertConfig(**config), attn_implementation="attnlab").eval()
+    ours.load_state_dict(eager.state_dict())
+    ids, mask = padded_batch("bert")
+    with torch.no_grad():
+        ref = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+        out = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+    assert_rel(out.last_hidden_state, ref.last_hidden_state, 1e-5, "last hidden state")
+    for layer, (mine, theirs) in enumerate(zip(out.attentions, ref.attentions)):
+        assert_rel(mine, theirs, 1e-5, f"attentions of layer {layer}")
+
+
 def test_unknown_keyword_argument_is_refused(one_thread):
     """A keyword argument the backend does not know reaches the attention function (transformers
     passes the model's extra kwargs down) and raises instead of being ignored."""
@@ -505,5 +569,7 @@ def test_attentions_plot_with_attention_grid(one_thread):
     fig = attention_grid(out.attentions, index=1)
     images = [ax for ax in fig.axes if ax.images]
     assert len(images) == 2 * 4  # layers x heads
-    # the padded second sequence: the first 4 queries (left padding) see nothing
-    assert (images[0].images[0].get_array()[:LENGTH - LENGTHS[1]] == 0).all()
+    # the padded second sequence: the first 4 queries (left padding) see no key, and get eager's
+    # uniform weights
+    padded = images[0].images[0].get_array()[:LENGTH - LENGTHS[1]]
+    assert abs(padded - 1.0 / LENGTH).max() < 1e-6

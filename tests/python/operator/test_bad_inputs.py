@@ -46,13 +46,18 @@ def sparse_backward(**overrides):
 
 
 OPERATORS = {
-    "query is a list": (lambda: sdpa([[1.0]], k, v), RuntimeError,
-                        r"Expected a value of type 'Tensor' for argument 'query'"),
-    "query is None": (lambda: sdpa(None, k, v), RuntimeError, r"query is an undefined tensor"),
+    "query is a list": (lambda: sdpa([[1.0]], k, v), TypeError,
+                        r"query must be a torch.Tensor, got list"),
+    "query is None": (lambda: sdpa(None, k, v), TypeError,
+                      r"query must be a torch.Tensor, got NoneType"),
+    "operator, query is None": (
+        lambda: torch.ops.attnlab.scaled_dot_product_attention(
+            None, k, v, None, False, None, False, "softmax", None),
+        RuntimeError, r"query is an undefined tensor"),
     "complex query": (lambda: sdpa(q.to(torch.complex64), k, v), RuntimeError,
                       r"query must be float32, float64, float16 or bfloat16 on the CPU, got ComplexFloat"),
-    "scale is a string": (lambda: sdpa(q, k, v, scale="0.5"), RuntimeError,
-                          r"Expected a value of type 'Optional\[float\]' for argument 'scale'"),
+    "scale is a string": (lambda: sdpa(q, k, v, scale="0.5"), TypeError,
+                          r"scale must be a number or None, got str '0.5'"),
     "mask with the wrong query length": (
         lambda: sdpa(q, k, v, attn_mask=torch.ones(3, 5, dtype=torch.bool)), RuntimeError,
         r"attn_mask of shape \[3, 5\] is not broadcastable to the attention weights' shape \[2, 4, 5\]"),
@@ -74,8 +79,8 @@ OPERATORS = {
         lambda: torch.ops.attnlab._sdpa_backward(torch.ones(2, 4, 3), q, k, v, None, False, None,
                                                  *sdpa_forward_outputs()[:2], torch.ones(2, 4, 4)),
         RuntimeError, r"weights has shape \[2, 4, 4\], expected \[2, 4, 5\]"),
-    "normalizer is not a string": (lambda: sdpa(q, k, v, normalizer=2), RuntimeError,
-                                   r"Expected a value of type 'str' for argument 'normalizer'"),
+    "normalizer is not a string": (lambda: sdpa(q, k, v, normalizer=2), TypeError,
+                                   r"normalizer must be a string, got int 2"),
     "normalizer misspelt": (lambda: sdpa(q, k, v, normalizer="entmax-1.5"), RuntimeError,
                             r'unknown normalizer "entmax-1.5"; expected one of "softmax", "sparsemax", "entmax15" or "entmax"'),
     "alpha with sparsemax": (lambda: sdpa(q, k, v, normalizer="sparsemax", alpha=2.0), RuntimeError,

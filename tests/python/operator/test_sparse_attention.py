@@ -297,6 +297,10 @@ def test_transformers_backends_with_sparse_normalizers():
             groups = query.shape[1] // key.shape[1]
             key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
             causal = attention_mask is None and query.shape[2] > 1
+            if attention_mask is not None and attention_mask.dtype == torch.bool:
+                # eager's additive mask: a row without keys gets uniform weights
+                attention_mask = torch.zeros(attention_mask.shape).masked_fill(
+                    ~attention_mask, torch.finfo(query.dtype).min)
             out, weights = ref.attention(query, key, value, attention_mask, causal, scaling,
                                          normalizer, alpha)
             return out.to(query.dtype).transpose(1, 2).contiguous(), weights.to(query.dtype)

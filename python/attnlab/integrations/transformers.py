@@ -17,10 +17,11 @@ that accepts ``attn_implementation`` runs every attention layer through
   output (``need_weights=True``), and are not differentiable. Otherwise no ``L x L`` weights
   tensor is made. transformers refuses ``output_attentions=True`` *in the config* (at
   ``from_pretrained`` or on ``model.config``) for every implementation but ``"eager"``; ask for
-  them per call instead.
+  them per call instead. Models whose layers do not pass the request on (GPT-2, Falcon) get their
+  attentions too.
 - **Masks** are transformers' boolean masks (``True`` = may attend), or ``None`` with a causal
   flag when no padding is present; 4-D masks given by the caller (boolean or additive float)
-  are passed on as they are.
+  are passed on as they are, but for rows that may attend to no key (below).
 - **Grouped-query attention** runs without repeating keys and values: the query heads of one
   group see the same key/value head through broadcasting (query head ``h`` uses key/value head
   ``h // (num_heads // num_kv_heads)``, as in transformers' ``repeat_kv``).
@@ -46,6 +47,7 @@ Needs ``pip install attnlab[hf]`` (transformers 5.23 or newer).
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 
@@ -112,7 +114,8 @@ def _weights_requested(output_attentions) -> bool:
     ``output_attentions`` on to the attention function at all. Others pass
     ``output_attentions`` down, which is honoured too. (Without the collector, in another
     transformers version, GPT-2-like models would then return no attentions, never wrong ones;
-    the tests catch it.)
+    the tests catch it.) Layers that take ``output_attentions`` and keep it (Falcon) are read
+    from their own call: the layer that called the attention function.
     """
     if output_attentions:
         return True
@@ -120,7 +123,12 @@ def _weights_requested(output_attentions) -> bool:
         collected = _active_collector.get()
         if collected and any(key.endswith("attentions") for key in collected):
             return True
-    return False
+    # Attention layers that take output_attentions but do not pass it on (Falcon): the argument
+    # of the layer that called the attention function (the first caller outside this module).
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame is not None and frame.f_locals.get("output_attentions") is True
 
 
 def _check_kwargs(module: torch.nn.Module, kwargs: dict) -> None:

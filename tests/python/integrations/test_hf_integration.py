@@ -441,6 +441,35 @@ def test_modernbert_runs_and_matches_eager(one_thread):
         assert_rel(mine, theirs, 1e-5, f"attentions of layer {layer}")
 
 
+@pytest.mark.parametrize("backend", ["attnlab", "attnlab_sparsemax"])
+def test_falcon_returns_its_attentions(backend, one_thread):
+    """Falcon's attention layer takes output_attentions without passing it to the attention
+    function: the backend reads it from the layer's call, so the attentions are there (eager's,
+    for softmax) and never silently None."""
+    from transformers import FalconConfig
+    config = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  new_decoder_architecture=True, num_kv_heads=2, bos_token_id=0,
+                  eos_token_id=0, initializer_range=0.3)
+    torch.manual_seed(0)
+    eager = AutoModel.from_config(FalconConfig(**config), attn_implementation="eager").eval()
+    ours = AutoModel.from_config(FalconConfig(**config), attn_implementation=backend).eval()
+    ours.load_state_dict(eager.state_dict())
+    ids, mask = padded_batch("llama")
+    with torch.no_grad():
+        ref = eager(input_ids=ids, attention_mask=mask, output_attentions=True)
+        out = ours(input_ids=ids, attention_mask=mask, output_attentions=True)
+        plain = ours(input_ids=ids, attention_mask=mask)
+    assert len(out.attentions) == 2 and all(a is not None for a in out.attentions)
+    assert plain.attentions is None
+    for mine, theirs in zip(out.attentions, ref.attentions):
+        assert mine.shape == theirs.shape == (len(LENGTHS), 4, LENGTH, LENGTH)
+        torch.testing.assert_close(mine.sum(-1), torch.ones(mine.shape[:-1]))
+        if backend == "attnlab":
+            assert_rel(mine, theirs, 1e-5, "attentions")
+    if backend == "attnlab":
+        assert_rel(out.last_hidden_state, ref.last_hidden_state, 1e-5, "last hidden state")
+
+
 def test_unknown_keyword_argument_is_refused(one_thread):
     """A keyword argument the backend does not know reaches the attention function (transformers
     passes the model's extra kwargs down) and raises instead of being ignored."""

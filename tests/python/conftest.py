@@ -8,6 +8,16 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n auto``, as the README runs the suite), one torch thread per
+    worker and per process a test starts (notebook kernels, torchrun, the AVX2 rerun): the
+    workers fill the cores, and torch's threads would otherwise wait on each other across cores
+    the other workers keep busy."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 @pytest.fixture
 def one_thread():
     """A model this small trains several times faster on one thread than on two busy ones."""

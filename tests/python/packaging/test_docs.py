@@ -29,9 +29,9 @@ def test_readme_is_a_front_page():
     assert len(text.splitlines()) <= 120
     # The two quick-start commands, as the README's test command section of .ci/run calls them.
     assert "python3 -m attnlab reverse" in text
-    assert 'ctest --test-dir build -j "$(nproc)" --output-on-failure && python3 -m pytest -q' in text
+    assert 'ctest --test-dir build -j "$(nproc)" --output-on-failure && python3 -m pytest -q -n auto' in text
     ci = (REPO / ".ci" / "run").read_text()
-    assert 'ctest --test-dir build -j "$(nproc)" --output-on-failure && python3 -m pytest -q' in ci
+    assert 'ctest --test-dir build -j "$(nproc)" --output-on-failure && python3 -m pytest -q -n auto' in ci
 
 
 def test_readme_links_resolve():

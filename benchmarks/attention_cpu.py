@@ -10,6 +10,8 @@ Prints markdown tables, each headed by the machine (CPU model and ISA, threads, 
   register-only probe at the start);
 - attnlab with need_weights=True against attnlab without weights and against the plain
   matmul → softmax → matmul formulation;
+- forward+backward with need_weights=True and a loss on the weights too, against the loss on
+  the output alone, per normalizer at L = 512-2048;
 - the peak extra memory at L = 8192.
 Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 
@@ -119,6 +121,36 @@ def weights_table(min_run_time, rounds=5):
     return rows
 
 
+WEIGHTS_GRAD_SHAPES = [(8, 4, 512, 64), (2, 4, 1024, 64), (1, 4, 2048, 64)]
+
+
+def weights_grad_table(min_run_time, rounds=5):
+    """Forward+backward with need_weights=True, a loss on the output and the weights against the
+    same call with the loss on the output alone (float32, per normalizer)."""
+    rows = []
+    for B, H, L, E in WEIGHTS_GRAD_SHAPES:
+        q, k, v = inputs(B, H, L, E, torch.float32)
+        grad_out = torch.ones(B, H, L, E)
+        grad_w = torch.randn(B, H, L, L, generator=torch.Generator().manual_seed(1))
+        for normalizer in ("softmax", "sparsemax", "entmax15"):
+            for is_causal in (False, True):
+                def step(loss_on_weights, is_causal=is_causal, normalizer=normalizer):
+                    def run():
+                        out, w = attnlab.scaled_dot_product_attention(
+                            q, k, v, is_causal=is_causal, need_weights=True,
+                            normalizer=normalizer)
+                        grads = (grad_out, grad_w) if loss_on_weights else (grad_out, None)
+                        torch.autograd.backward((out, w) if loss_on_weights else (out,),
+                                                grads if loss_on_weights else grads[:1])
+                    return run
+                with_grad, without = compare([step(True), step(False)], min_run_time, rounds)
+                rows.append([f"({B}, {H}, {L}, {E})", normalizer, is_causal,
+                             f"{with_grad * 1e3:.3f}", f"{without * 1e3:.3f}",
+                             f"{with_grad / without:.2f}"])
+                print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
 MEMORY_PROBE = r"""
 import sys, torch, attnlab
 import torch.nn.functional as F
@@ -183,6 +215,12 @@ def main(argv=None):
                      ["(B, H, L, E)", "causal", "pass", "attnlab + weights", "attnlab", "plain",
                       "cost of weights", "vs plain"],
                      weights_table(args.min_run_time, args.rounds))
+        report.table("weights_grad", "attnlab forward+backward with need_weights=True: a loss "
+                                     "on the output and the weights vs on the output alone "
+                                     "(float32, ms, median)",
+                     ["(B, H, L, E)", "normalizer", "causal", "loss on both", "loss on output",
+                      "cost of the weights' gradient"],
+                     weights_grad_table(args.min_run_time, args.rounds))
     if not args.skip_memory:
         report.table("memory", "Peak extra memory of one forward+backward after a warm-up run, "
                                "(1, 1, L, 64), no weights (MiB, growth of peak RSS; the output "

@@ -23,7 +23,8 @@ def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weig
 
 @torch.library.register_fake("attnlab::_sdpa_backward")
 def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale, output,
-                        logsumexp, weights=None, grad_mask=False, grad_weights=False):
+                        logsumexp, weights=None, grad_mask=False, grad_weights=False,
+                        grad_attn_weights=None):
     grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
                       else query.new_empty((0,)))
     # dP = grad_output @ value^T at the output's batch shape, in the inputs' dtype.
@@ -50,7 +51,7 @@ def _sparse_sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, ne
 @torch.library.register_fake("attnlab::_sparse_sdpa_backward")
 def _sparse_sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale,
                                output, tau, support_value, alpha, weights=None,
-                               grad_mask=False):
+                               grad_mask=False, grad_attn_weights=None):
     grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
                       else query.new_empty((0,)))
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),

@@ -193,7 +193,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Returns:
         The pair ``(output, weights)`` — output ``[..., L_q, E_v]``; weights, or ``None``
         unless ``need_weights``. A query whose keys are all masked gets a zero output and
-        zero weights. The weights carry no gradient: a loss on them does not reach the inputs.
+        zero weights. Where autograd records the call, the weights are differentiable: a loss
+        on them (attention supervision, an entropy term) reaches query, key, value and a
+        floating-point mask through the operator's own backward, alone or with a loss on the
+        output. On CUDA that backward raises ``NotImplementedError`` (detach the weights there).
 
     Raises:
         TypeError: an argument of the wrong kind (a query that is not a tensor, a non-bool

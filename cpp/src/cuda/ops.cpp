@@ -129,7 +129,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask, bool grad_weights) {
+    bool grad_mask, bool grad_weights, const std::optional<Tensor>& grad_attn_weights) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!grad_attn_weights || !grad_attn_weights->defined(),
+                              "attnlab.scaled_dot_product_attention backward: grad_attn_weights "
+                              "is taken on the CPU only");
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);

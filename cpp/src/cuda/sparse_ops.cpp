@@ -135,7 +135,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cuda(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& tau, const Tensor& support_value, double alpha,
-    const std::optional<Tensor>& weights, bool grad_mask) {
+    const std::optional<Tensor>& weights, bool grad_mask,
+    const std::optional<Tensor>& grad_attn_weights) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!grad_attn_weights || !grad_attn_weights->defined(),
+                              "attnlab.scaled_dot_product_attention backward: grad_attn_weights "
+                              "is taken on the CPU only");
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   check_alpha(alpha);
   check_head_sizes(query, value);

@@ -123,13 +123,14 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
 // grad_weights: also return dP = grad_output·valueᵀ [..., L_q, L_k] at the output's batch
 // shape (the gradient with respect to the weights as free variables, at every position); an
 // empty tensor otherwise. stat: the log-sum-exp (alpha == 1) or τ; support_value: U for a
-// sparse normalizer, undefined for softmax.
+// sparse normalizer, undefined for softmax. grad_attn_weights: a gradient arriving at the
+// returned weights (which must then be given), added into the backward.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& stat, const std::optional<Tensor>& weights,
     bool grad_mask, bool grad_weights, bool bf16_operands, double alpha,
-    const Tensor& support_value) {
+    const Tensor& support_value, const std::optional<Tensor>& grad_attn_weights) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
@@ -139,23 +140,34 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     checks::sparse_sdpa_backward_inputs(grad_output, output, stat, support_value, weights, batch,
                                         len_q, len_k, dim_v);
   }
+  const bool has_weights = weights && weights->numel() > 0;
+  // (an empty one, of weights with no entry, adds nothing)
+  const bool weights_grad =
+      grad_attn_weights && grad_attn_weights->defined() && grad_attn_weights->numel() > 0;
+  TORCH_CHECK(!weights_grad || (has_weights && grad_attn_weights->sizes() == weights->sizes()),
+              kSdpa, " backward: grad_attn_weights needs the forward's weights and their shape ",
+              has_weights ? weights->sizes() : at::IntArrayRef{}, ", got ",
+              weights_grad ? grad_attn_weights->sizes() : at::IntArrayRef{});
   if (reduced_precision(query)) {
     // As in the forward: float32 sums, the gradients rounded at the end, and for bfloat16
     // products on bfloat16 operands (P and dS rounded, as in torch's bfloat16 kernel).
-    std::optional<Tensor> weights32;
+    std::optional<Tensor> weights32, weights_grad32;
     if (weights && weights->defined()) weights32 = to_float(*weights);
+    if (weights_grad) weights_grad32 = to_float(*grad_attn_weights);
     const auto wide = widened_to_float({grad_output, query, key, value, output});
     auto [dq, dk, dv, dmask, dweights] =
         sdpa_backward_impl(wide[0], wide[1], wide[2], wide[3], attn_mask, is_causal, scale,
                            wide[4], stat, weights32, grad_mask, grad_weights,
-                           alpha == 1 && bf16_products(query), alpha, support_value);
+                           alpha == 1 && bf16_products(query), alpha, support_value,
+                           weights_grad32);
     const auto dtype = query.scalar_type();
     const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
     return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype),
             dweights.to(dtype)};
   }
   // The forward's weights, when it kept them, replace recomputing the probabilities.
-  const Tensor probs = weights && weights->numel() > 0 ? weights->contiguous() : Tensor();
+  const Tensor probs = has_weights ? weights->contiguous() : Tensor();
+  const Tensor weights_grad_rows = weights_grad ? grad_attn_weights->contiguous() : Tensor();
   const auto options = query.options();
   Tensor grad_q = at::empty(with_tail(batch, {len_q, dim_qk}), options);
   Tensor grad_k = at::empty(with_tail(batch, {len_k, dim_qk}), options);
@@ -181,7 +193,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
         probs.defined() ? probs.data_ptr<scalar_t>() : nullptr, grad_q.data_ptr<scalar_t>(),
         grad_k.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>(),
         mask_grad ? grad_m.data_ptr<scalar_t>() : nullptr,
-        grad_weights ? grad_w.data_ptr<scalar_t>() : nullptr);
+        grad_weights ? grad_w.data_ptr<scalar_t>() : nullptr,
+        weights_grad ? weights_grad_rows.data_ptr<scalar_t>() : nullptr);
   });
   // Inputs that were broadcast (over batch dimensions, or a mask over queries) receive the sum
   // over the broadcast dimensions.
@@ -194,20 +207,23 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask, bool grad_weights) {
+    bool grad_mask, bool grad_weights, const std::optional<Tensor>& grad_attn_weights) {
   return sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
-                            logsumexp, weights, grad_mask, grad_weights, false, 1, Tensor());
+                            logsumexp, weights, grad_mask, grad_weights, false, 1, Tensor(),
+                            grad_attn_weights);
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& tau, const Tensor& support_value, double alpha,
-    const std::optional<Tensor>& weights, bool grad_mask) {
+    const std::optional<Tensor>& weights, bool grad_mask,
+    const std::optional<Tensor>& grad_attn_weights) {
   checks::sparse_alpha(alpha);
   auto [dq, dk, dv, dmask, unused] =
       sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
-                         tau, weights, grad_mask, false, false, alpha, support_value);
+                         tau, weights, grad_mask, false, false, alpha, support_value,
+                         grad_attn_weights);
   return {dq, dk, dv, dmask};
 }
 
@@ -300,11 +316,15 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     // recomputing the probabilities.
     ctx->save_for_backward({query, key, value, output, stat, attn_mask.value_or(Tensor()),
                             need_weights || keep_probs ? weights : Tensor(), support_value});
-    if (!need_weights) weights = at::empty({0}, output.options());
+    // The returned weights are differentiable: a loss on them reaches the inputs through the
+    // same backward (on the CPU kernels).
+    if (!need_weights) {
+      weights = at::empty({0}, output.options());
+      ctx->mark_non_differentiable({weights});
+    }
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["alpha"] = alpha;
-    ctx->mark_non_differentiable({weights});
     // No zero-filled [..., L_q, L_k] gradient for the weights: backward takes undefined grads.
     ctx->set_materialize_grads(false);
     return {output, weights};
@@ -313,12 +333,18 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor& grad_output = grads[0];
-    torch::autograd::variable_list result(9);
-    if (!grad_output.defined()) return result;
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
+    torch::autograd::variable_list result(9);
+    const auto weights_grad = optional(grads[1]);
+    if (!grads[0].defined() && !weights_grad) return result;
+    TORCH_CHECK_NOT_IMPLEMENTED(!weights_grad || saved[0].device().is_cpu(), kSdpa,
+                                ": a loss on the returned weights is differentiated on the CPU "
+                                "only; on ", saved[0].device(), " detach the weights or compute "
+                                "them on the CPU");
+    // A loss on the weights alone: the output's gradient is zero.
+    const Tensor grad_output = grads[0].defined() ? grads[0] : at::zeros_like(saved[3]);
     // Edges exist for tensor inputs only: the mask is the fourth when it was given.
     const bool mask_grad = saved[5].defined() && ctx->needs_input_grad(3);
     // As in the forward, except under create_graph, where the autograd fallback must still
@@ -332,11 +358,12 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     if (alpha == 1) {
       std::tie(dq, dk, dv, dmask, std::ignore) = backward_op().call(
           grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
-          saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false);
+          saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false,
+          weights_grad);
     } else {
       std::tie(dq, dk, dv, dmask) = sparse_backward_op().call(
           grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
-          saved[3], saved[4], saved[7], alpha, optional(saved[6]), mask_grad);
+          saved[3], saved[4], saved[7], alpha, optional(saved[6]), mask_grad, weights_grad);
     }
     result[0] = dq;
     result[1] = dk;
@@ -420,7 +447,8 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp, "
-      "Tensor? weights=None, bool grad_mask=False, bool grad_weights=False) "
+      "Tensor? weights=None, bool grad_mask=False, bool grad_weights=False, "
+      "Tensor? grad_attn_weights=None) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask, "
       "Tensor grad_weights)");
   m.def(
@@ -430,7 +458,8 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "_sparse_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor tau, "
-      "Tensor support_value, float alpha, Tensor? weights=None, bool grad_mask=False) "
+      "Tensor support_value, float alpha, Tensor? weights=None, bool grad_mask=False, "
+      "Tensor? grad_attn_weights=None) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
 }
 

@@ -14,7 +14,7 @@ that accepts ``attn_implementation`` runs every attention layer through
 
 - **Attention weights** are computed only when the model is asked for them
   (``output_attentions=True`` in the call); they then come from the same fused computation as the
-  output (``need_weights=True``), and are not differentiable. Otherwise no ``L x L`` weights
+  output (``need_weights=True``), and are differentiable as eager's are. Otherwise no ``L x L`` weights
   tensor is made. transformers refuses ``output_attentions=True`` *in the config* (at
   ``from_pretrained`` or on ``model.config``) for every implementation but ``"eager"``; ask for
   them per call instead. Models whose layers do not pass the request on (GPT-2, Falcon) get their

@@ -66,7 +66,8 @@ class Recorder:
             call.output.register_hook(
                 lambda grad: None if grad is None
                 else self._add_grad(index, grad @ value.transpose(-2, -1)))
-        self._weights.append(call.weights)
+        # Kept for looking at: a recording holds no autograd graph alive.
+        self._weights.append(call.weights.detach())
         self._grads.append(None)
         if self._keep_inputs:
             self._inputs.extend(t for t in (call.query, call.key, call.value, call.attn_mask)

@@ -156,7 +156,7 @@ class TransformerEncoder(nn.Module):
     def forward_with_attention(self, x: torch.Tensor, mask: torch.Tensor | None = None
                                ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The output of :meth:`forward` and one attention map ``[B, H, L, L]`` per layer, from
-        one pass (module by module; the maps carry no gradient)."""
+        one pass (module by module)."""
         maps = []
         for layer in self.layers:
             x, attention = layer._module_by_module(x, mask, return_attention=True)

@@ -16,7 +16,7 @@ them zeros (the tutorial's plain softmax would give NaN).
 **Differences that remain:**
 
 - ``SelfAttention(x, elaborate=True)`` returns ``(logits, scores, attention, output)`` as the
-  tutorial does; ``scores`` (the softmax weights) carry no gradient (they are for looking at),
+  tutorial does; ``scores`` are the softmax weights,
   ``logits``, ``attention`` and ``output`` are differentiable.
 - ``test_sdpa`` compares your class with ours within float32 rounding (``torch.allclose``,
   rtol 1e-5, atol 1e-6), not bit for bit: the two compute the softmax differently. It prints
@@ -143,7 +143,7 @@ class SelfAttention(torch.nn.Module):
         Returns:
             ``output`` ``[B, 1]`` = sigmoid(linear(attention)); with ``elaborate`` the tuple
                 ``(logits, scores, attention, output)``: logits = Q·Kᵀ/√d ``[B, T, T]`` before the
-                softmax, scores = the softmax weights ``[B, T, T]`` (no gradient), attention =
+                softmax, scores = the softmax weights ``[B, T, T]``, attention =
                 scores·V ``[B, T]``, output.
         """
         _check_tokens(x, self.T, "SelfAttention")

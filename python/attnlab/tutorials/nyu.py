@@ -19,7 +19,6 @@ batch_size)``, ``group_heads(x, batch_size)`` and ``forward(X_q, X_k, X_v) -> (H
 
 **Differences that remain:**
 
-- ``A`` (the attention weights) carries no gradient; ``H`` does.
 - ``create_sinusoidal_embeddings`` fills the table from attnlab's sinusoids (float64, rounded
   to float32); for an odd ``dim`` it uses the next even size's frequencies (the notebook's
   formula divides by the odd ``dim``).

@@ -20,7 +20,7 @@ layers read True as "may attend", so a lab mask given to them is silently invert
 
 - A query whose objects are all masked gets a zero output and zero weights; the lab's
   softmax over scores that are all -inf gives NaN.
-- ``last_weights`` and the weights behind ``attend`` carry no gradient (the output does).
+- ``last_weights`` is a detached copy of the last weights.
 - The lab does not fix the class names of its attention layers, nor the name of its training
   loop; the names here are ``AdditiveAttention(obj_feature_dim, query_feature_dim,
   hidden_dim)``, ``MultiplicativeAttention()``, ``ScaledDotProductAttention()`` (also

@@ -20,8 +20,7 @@ True = may attend); ``attnlab.nn`` itself would *add* a float mask to the scores
 
 - A query whose keys are all masked gets a zero output and zero weights; the tutorial fills the
   masked logits with -9e15 and so spreads uniform weights over all keys.
-- The attention weights returned (``return_attention=True``, ``get_attention_maps``) are for
-  looking at: they carry no gradient. Outputs are differentiable as usual.
+- ``get_attention_maps`` runs without autograd, as the tutorial's does.
 - ``TransformerEncoder.get_attention_maps`` applies the mask in every layer (the tutorial's
   runs the layers after the first one without it).
 - ``PositionalEncoding`` computes its table in float64 before rounding to float32 (the
@@ -108,7 +107,7 @@ def scaled_dot_product(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Returns:
         The pair ``(values, attention)`` in the tutorial's order: values ``[..., L_q, d_v]``
-            and the weights ``[..., L_q, L_k]`` (no gradient). A query whose keys are all masked
+            and the weights ``[..., L_q, L_k]``. A query whose keys are all masked
             gets zeros in both (the tutorial gives it uniform weights).
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):

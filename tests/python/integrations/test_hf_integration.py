@@ -109,15 +109,20 @@ def assert_gradients(grads, ref_grads, tol):
         assert_rel(grads[key], ref_grads[key], tol, f"gradient of {key}", scale)
 
 
-def run(model, ids, mask, output_attentions, loss_weights=None, defined=None):
+def run(model, ids, mask, output_attentions, loss_weights=None, defined=None,
+        attention_targets=None):
     """Forward from input embeddings (so that they get a gradient), optionally backward of
-    sum(last_hidden_state * loss_weights) over the positions where attention is defined."""
+    sum(last_hidden_state * loss_weights) over the positions where attention is defined, plus
+    sum(attentions[l] * attention_targets[l]) over the layers when targets are given."""
     embeds = model.get_input_embeddings()(ids).detach().requires_grad_()
     model.zero_grad(set_to_none=True)
     out = model(inputs_embeds=embeds, attention_mask=mask, output_attentions=output_attentions)
     grads = None
     if loss_weights is not None:
-        (out.last_hidden_state * loss_weights)[defined].sum().backward()
+        loss = (out.last_hidden_state * loss_weights)[defined].sum()
+        for weights, target in zip(out.attentions or (), attention_targets or ()):
+            loss = loss + (weights * target).sum()
+        loss.backward()
         grads = {"inputs_embeds": embeds.grad}
         grads.update({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     return out, grads
@@ -178,8 +183,31 @@ def test_matches_eager_with_attentions(name, dtype, tol, left_padding, one_threa
         assert (mine.masked_select(~allowed[:, None] & rows[..., None]) == 0).all()
         if not defined.all():
             assert (mine[~rows] - 1.0 / LENGTH).abs().max() < 1e-6
-        assert not mine.requires_grad  # the weights are for looking at
+        assert mine.requires_grad == theirs.requires_grad
     assert_gradients(grads, ref_grads, tol)
+
+
+@pytest.mark.parametrize("name,dtype,tol", [
+    ("bert", torch.float64, 1e-12), ("gpt2", torch.float64, 1e-12),
+    ("llama", torch.float32, 1e-5)])
+def test_a_loss_on_the_attentions_gives_eager_gradients(name, dtype, tol, one_thread):
+    # Attention supervision and entropy terms: the returned attentions carry gradients, as
+    # eager's do.
+    eager, ours = model_pair(name, dtype)
+    ids, mask = padded_batch(name)
+    defined = allowed_keys(name, mask).any(-1)
+    gen = torch.Generator().manual_seed(3)
+    loss_weights = torch.randn(eager.config.hidden_size, dtype=dtype, generator=gen)
+    shape = (len(LENGTHS), eager.config.num_attention_heads, LENGTH, LENGTH)
+    targets = [torch.randn(shape, dtype=dtype, generator=gen)
+               for _ in range(eager.config.num_hidden_layers)]
+    _, ref_grads = run(eager, ids, mask, True, loss_weights, defined, targets)
+    _, grads = run(ours, ids, mask, True, loss_weights, defined, targets)
+    _, output_only = run(ours, ids, mask, True, loss_weights, defined)
+    assert_gradients(grads, ref_grads, tol)
+    # The attention term changes the gradients: it is not lost on the way.
+    first = next(key for key in grads if "query" in key or "q_proj" in key or "c_attn" in key)
+    assert (grads[first] - output_only[first]).abs().max() > 100 * tol * grads[first].abs().max()
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt2", "llama"])

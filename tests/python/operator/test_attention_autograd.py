@@ -129,10 +129,102 @@ def test_gradcheck_through_a_float_mask(normalizer, alpha, mask_shape, is_causal
 # ---- autograd's bookkeeping -----------------------------------------------------------------
 
 @by_normalizer
-def test_weights_are_not_differentiable_but_output_is(normalizer, alpha):
+def test_weights_are_differentiable_where_autograd_records(normalizer, alpha):
     q, k, v = _inputs((2,), 3, 4, 5, 2, dtype=torch.float32)
     output, weights = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
-    assert output.requires_grad and not weights.requires_grad
+    assert output.requires_grad and weights.requires_grad
+    with torch.no_grad():
+        output, weights = sdpa(q, k, v, need_weights=True, normalizer=normalizer, alpha=alpha)
+    assert not output.requires_grad and not weights.requires_grad
+
+
+# ---- a loss on the weights ------------------------------------------------------------------
+
+WEIGHT_CASES = [
+    dict(batch=(2,), len_q=4, len_k=6, mask=None, is_causal=False),
+    dict(batch=(2,), len_q=5, len_k=5, mask=None, is_causal=True),
+    dict(batch=(1, 2), len_q=4, len_k=6, mask="bool", is_causal=False),
+    dict(batch=(2,), len_q=4, len_k=6, mask="float", is_causal=True),
+]
+
+
+def _weights_case(case, normalizer, alpha):
+    """Inputs of case whose scores lie off the sparse normalizers' support edges: the first of
+    a fixed list of seeds that gives such."""
+    for seed in range(20, 60):
+        q, k, v = _inputs(case["batch"], case["len_q"], case["len_k"], 3, 2, seed=seed)
+        mask = None
+        if case["mask"] == "bool":
+            mask = torch.rand(case["len_q"], case["len_k"], generator=_generator(seed)) > 0.3
+            mask[1] = False  # a fully masked row
+        elif case["mask"] == "float":
+            mask = torch.randn(case["len_q"], case["len_k"], dtype=torch.float64,
+                               generator=_generator(seed))
+        gaps = reference.support_gaps(q.detach(), k.detach(), mask, case["is_causal"], None,
+                                      normalizer, alpha)
+        if gaps.min() > 1e-3:
+            return q, k, v, mask
+    raise AssertionError("no seed gives scores off the support edges")
+
+
+@pytest.mark.parametrize("case", WEIGHT_CASES, ids=lambda c: f"{c['mask']}-causal{c['is_causal']}")
+@by_normalizer
+def test_gradcheck_through_a_loss_on_the_weights(normalizer, alpha, case):
+    q, k, v, mask = _weights_case(case, normalizer, alpha)
+    # A weighting of the weights' entries, so that every entry's gradient counts (their sum is
+    # 1 per row, whose gradient would vanish).
+    target = _make(*q.shape[:-2], case["len_q"], case["len_k"], seed=21)
+
+    def weights_only(q, k, v):
+        return sdpa(q, k, v, mask, case["is_causal"], need_weights=True, normalizer=normalizer,
+                    alpha=alpha)[1] * target
+
+    def both(q, k, v):
+        output, weights = sdpa(q, k, v, mask, case["is_causal"], need_weights=True,
+                               normalizer=normalizer, alpha=alpha)
+        return output, weights * target
+
+    assert torch.autograd.gradcheck(weights_only, (q, k, v))
+    assert torch.autograd.gradcheck(both, (q, k, v))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+@by_normalizer
+def test_a_loss_on_the_weights_matches_the_reference_across_blocks(normalizer, alpha,
+                                                                   is_causal):
+    # Lengths over several of the kernels' key and query blocks, float32 against float64.
+    q, k, v = _inputs((2,), 150, 300, 16, 8, dtype=torch.float32, seed=22)
+    mask = torch.rand(150, 300, generator=_generator(23)) > 0.2
+
+    target = torch.randn(2, 150, 300, generator=_generator(24))
+
+    def loss(output, weights):
+        return output.square().sum() + 3 * (weights * target).sum() + (weights ** 2).sum()
+
+    output, weights = sdpa(q, k, v, mask, is_causal, need_weights=True, normalizer=normalizer,
+                           alpha=alpha)
+    mine = torch.autograd.grad(loss(output, weights), (q, k, v))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref_output, ref_weights = reference.attention(qd, kd, vd, mask, is_causal,
+                                                  normalizer=normalizer, alpha=alpha)
+    theirs = torch.autograd.grad(loss(ref_output, ref_weights), (qd, kd, vd))
+    for name, a, b in zip("qkv", mine, theirs):
+        reference.assert_close(a, b, f"grad_{name}", torch.float32, gradient=True)
+
+
+def test_a_loss_on_the_weights_reaches_the_inputs_in_bfloat16():
+    q, k, v = (t.detach().bfloat16().requires_grad_()
+               for t in _inputs((2,), 40, 70, 16, 8, dtype=torch.float32, seed=24))
+    _, weights = sdpa(q, k, v, need_weights=True)
+    target = torch.randn(weights.shape, generator=_generator(26))
+    mine = torch.autograd.grad((weights.float() * target).sum(), (q, k))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    _, ref_weights = reference.attention(qd, kd, vd)
+    theirs = torch.autograd.grad((ref_weights * target.double()).sum(), (qd, kd))
+    for a, b in zip(mine, theirs):
+        assert a.dtype == torch.bfloat16
+        # bfloat16 keeps 8 bits: the gradients within a few of its steps of the float64 ones.
+        assert (a.double() - b).abs().max() <= 0.05 * b.abs().max()
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "no_input_requires_grad"])

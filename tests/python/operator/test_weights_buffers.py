@@ -89,13 +89,13 @@ def test_pooled_weights_behave_as_ordinary_tensors():
 @pytest.mark.parametrize("shape", [SHAPE, (4, 2, 512, 256)])
 def test_gradients_with_pooled_weights(shape):
     # With E_v = 256 >= L_k / 2 the forward keeps its probabilities (a pooled buffer) for the
-    # backward; with E_v = 32 the backward recomputes them. The weights are for looking at
-    # (not differentiable); the output's gradients must match the reference either way.
+    # backward; with E_v = 32 the backward recomputes them. The output's gradients must match
+    # the reference either way.
     q, k, v = (t.requires_grad_() for t in inputs(6, shape))
     grad = torch.randn(shape[:-1] + (shape[-1],), generator=torch.Generator().manual_seed(7))
     for _ in range(3):  # the later calls run on buffers freed by the earlier ones
         out, w = attnlab.scaled_dot_product_attention(q, k, v, need_weights=True)
-        assert not w.requires_grad
+        assert w.requires_grad
         mine = torch.autograd.grad(out, (q, k, v), grad)
         del out, w
     qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))

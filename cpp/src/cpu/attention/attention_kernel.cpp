@@ -894,16 +894,22 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* row_values, const T* row_stat, const T* weights, T* grad_query,
-                        T* grad_key, T* grad_value, T* grad_mask, T* grad_weights) {
+                        T* grad_key, T* grad_value, T* grad_mask, T* grad_weights,
+                        const T* weights_grad) {
   const int64_t E = p.dim_qk, Ev = p.dim_v;
   const bool sparse = p.alpha != 1;
   const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
+  TORCH_CHECK(weights_grad == nullptr || weights != nullptr,
+              "attention_backward: a gradient of the weights needs the forward's weights");
+  // The blocked path alone adds a gradient of the weights (the small kernels keep dP in
+  // registers and never see it).
   // Every key in one vector: one register-resident pass per batch entry, which writes every
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
   // about as much as the kernel's arithmetic).
-  const bool small = sparse ? p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
-                                  small_sparse_fits<T>(p.alpha, p.len_k, E, Ev) && !grad_weights
-                            : attention_is_small(p);
+  const bool small = weights_grad == nullptr &&
+                     (sparse ? p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
+                                   small_sparse_fits<T>(p.alpha, p.len_k, E, Ev) && !grad_weights
+                             : attention_is_small(p));
   // The blocked path's tasks zero their own parts of dQ, dK and dV just before they add to
   // them (in parallel, and in cache for the additions that follow).
   if (!small && grad_mask) {
@@ -931,6 +937,49 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
     for (int64_t b = begin; b < end; ++b) {
       row_dots(grad_output.row(b, 0), grad_output.row_stride, row_values + b * p.len_q * Ev, Ev,
                p.len_q, Ev, delta.data() + b * p.len_q);
+      if (weights_grad == nullptr) continue;
+      // A gradient G at the weights adds Σ_j P_ij·G_ij (softmax) or Σ_j s_ij·G_ij / Σ_j s_ij
+      // to the row term, as dP does.
+      // s = p^{2−α} where p > 0: without branches for sparsemax and entmax-1.5 (the support's
+      // entries lie scattered along the row).
+      const T exponent = T(2 - nz.alpha);
+      std::vector<T> support_row(nz.kind == SparseKind::kEntmax15 ? p.len_k : 0);
+      for (int64_t i = 0; i < p.len_q; ++i) {
+        const T* pw = weights + (b * p.len_q + i) * p.len_k;
+        const T* g = weights_grad + (b * p.len_q + i) * p.len_k;
+        if (!sparse) {
+          T sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < p.len_k; ++j) sum += pw[j] * g[j];
+          delta[b * p.len_q + i] += sum;
+          continue;
+        }
+        T weighted = 0, total = 0;
+        if (nz.kind == SparseKind::kSparsemax) {
+#pragma omp simd reduction(+ : weighted, total)
+          for (int64_t j = 0; j < p.len_k; ++j) {
+            const T support = pw[j] > T(0) ? T(1) : T(0);
+            weighted += support * g[j];
+            total += support;
+          }
+        } else if (nz.kind == SparseKind::kEntmax15) {
+          // √p on the CPU's vector square root (sparse_rows.h), then the sums.
+          sparse_support_from_probs(pw, p.len_k, support_row.data(), p.len_k, 1, p.len_k, nz);
+#pragma omp simd reduction(+ : weighted, total)
+          for (int64_t j = 0; j < p.len_k; ++j) {
+            weighted += support_row[j] * g[j];
+            total += support_row[j];
+          }
+        } else {
+          for (int64_t j = 0; j < p.len_k; ++j) {
+            if (!(pw[j] > T(0))) continue;
+            const T support = std::pow(pw[j], exponent);
+            weighted += support * g[j];
+            total += support;
+          }
+        }
+        if (total > 0) delta[b * p.len_q + i] += weighted / total;
+      }
     }
   });
   if (small) {
@@ -1108,6 +1157,9 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                                   E, Ev, dq + i0 * E, dk, dv,
                                   grad_mask ? grad_mask + (b * p.len_q + i0) * p.len_k + j0
                                             : nullptr,
+                                  p.len_k,
+                                  weights_grad ? weights_grad + (b * p.len_q + i0) * p.len_k + j0
+                                               : nullptr,
                                   p.len_k);
             continue;
           }
@@ -1122,6 +1174,13 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
             T* gw = grad_weights + (b * p.len_q + i0) * p.len_k + j0;
             for (int64_t r = 0; r < rows; ++r) {
               std::copy(dprobs.data() + r * ld, dprobs.data() + r * ld + cols, gw + r * p.len_k);
+            }
+          }
+          if (weights_grad) {
+            const T* g = weights_grad + (b * p.len_q + i0) * p.len_k + j0;
+            for (int64_t r = 0; r < rows; ++r) {
+              T* dp = dprobs.data() + r * ld;
+              for (int64_t c = 0; c < vis; ++c) dp[c] += g[r * p.len_k + c];
             }
           }
           softmax_grad_block(sparse ? support.data() : probs_ij, sparse ? ld : ld_probs,
@@ -1166,11 +1225,11 @@ template void attention_forward<double>(const AttentionProblem<double>&, double*
 template void attention_backward<float>(const AttentionProblem<float>&,
                                         const BatchedRows<float>&, const float*, const float*,
                                         const float*, float*, float*, float*, float*,
-                                        float*);
+                                        float*, const float*);
 template void attention_backward<double>(const AttentionProblem<double>&,
                                          const BatchedRows<double>&, const double*,
                                          const double*, const double*, double*, double*,
-                                         double*, double*, double*);
+                                         double*, double*, double*, const double*);
 
 template bool attention_is_small<float>(const AttentionProblem<float>&);
 template bool attention_is_small<double>(const AttentionProblem<double>&);

@@ -87,10 +87,14 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
 // [batch, len_q, len_k], used instead of recomputing them. grad_weights, when not null, receives the gradient with
 // respect to the weights taken as free variables, dP = grad_output·valueᵀ [batch, len_q,
 // len_k], at every position: masked ones and those the causal mask hides included.
+// weights_grad, when not null (and then weights too), is a gradient arriving at the returned
+// weights [batch, len_q, len_k]: it is added to dP before the normalizer's Jacobian, so the
+// other gradients are those of a loss on the output and the weights together.
 template <typename T>
 void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_output,
                         const T* row_values, const T* row_stat, const T* weights, T* grad_query,
-                        T* grad_key, T* grad_value, T* grad_mask, T* grad_weights);
+                        T* grad_key, T* grad_value, T* grad_mask, T* grad_weights,
+                        const T* weights_grad = nullptr);
 
 // Whether attention_forward and attention_backward compute softmax problem p on the small
 // kernels, whose rows stay in registers (every key in one vector, at most 256 query rows per batch entry, the

@@ -531,7 +531,7 @@ ATTNLAB_INLINE void backward_sparse_block_impl(
     const T* probs, int64_t ldp, const T* s, int64_t lds, int64_t rows, int64_t cols,
     const T* dout, int64_t ld_dout, const T* q, int64_t ldq, const T* k, int64_t ldk,
     const T* v, int64_t ldv, const T* delta, T scale, int64_t E, int64_t Ev, T* dq, T* dk,
-    T* dv, T* grad_mask, int64_t ld_mask) {
+    T* dv, T* grad_mask, int64_t ld_mask, const T* extra_dp, int64_t ld_extra) {
   constexpr int64_t L = kLanes<T>;
   for (int64_t r = 0; r < rows; ++r) {
     const T* pr = probs + r * ldp;
@@ -551,6 +551,7 @@ ATTNLAB_INLINE void backward_sparse_block_impl(
         T dp = 0;
 #pragma omp simd reduction(+ : dp)
         for (int64_t e = 0; e < Ev; ++e) dp += dor[e] * vc[e];
+        if (extra_dp) dp += extra_dp[r * ld_extra + c];
         const T dz = s[r * lds + c] * (dp - delta[r]);
         if (grad_mask) grad_mask[r * ld_mask + c] = dz;
         T* dvc = dv + c * Ev;

@@ -66,7 +66,8 @@ struct RowScratch {
 // sparse_backward_block: the gradients of one backward block from its non-zero p only, added
 //   into dq, dk and dv (rows of E, E, Ev, contiguous): dz = s·(dO_r·v_c − delta_r);
 //   dV_c += p·dO_r; dK_c += scale·dz·q_r; dQ_r += scale·dz·k_c. grad_mask (nullable, ld_mask
-//   apart) receives dz at those entries.
+//   apart) receives dz at those entries. extra_dp (nullable, ld_extra apart) is added to
+//   dO_r·v_c: a gradient arriving at the weights.
 #define ATTNLAB_SPARSE_ROWS_API(ATTR, T)                                                        \
   ATTR int64_t sparse_forward_rows(T* x, int64_t ldx, int64_t rows, int64_t cols,              \
                                    const T* mask, int64_t mask_ld, int64_t visible_base,       \
@@ -100,11 +101,12 @@ struct RowScratch {
                                   int64_t rows, int64_t cols, const T* dout, int64_t ld_dout,  \
                                   const T* q, int64_t ldq, const T* k, int64_t ldk, const T* v, \
                                   int64_t ldv, const T* delta, T scale, int64_t E, int64_t Ev,  \
-                                  T* dq, T* dk, T* dv, T* grad_mask, int64_t ld_mask)          \
+                                  T* dq, T* dk, T* dv, T* grad_mask, int64_t ld_mask,          \
+                                  const T* extra_dp, int64_t ld_extra)                         \
       ATTNLAB_PLAIN_BODY(backward_sparse_block_impl(probs, ldp, s, lds, rows, cols, dout,      \
                                                     ld_dout, q, ldq, k, ldk, v, ldv, delta,    \
                                                     scale, E, Ev, dq, dk, dv, grad_mask,       \
-                                                    ld_mask))
+                                                    ld_mask, extra_dp, ld_extra))
 
 // Declarations here; sparse_rows.cpp defines the same list with bodies, per instruction set.
 #define ATTNLAB_SPARSE_BODY(...) ;

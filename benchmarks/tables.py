@@ -28,7 +28,7 @@ CLASS_NAMES = {
     "x86-avx512": "x86 CPUs with AVX-512",
     "x86-avx2": "x86 CPUs with AVX2 and FMA, no AVX-512",
 }
-CPU_BENCHMARKS = ["attention_cpu", "sparse_attention_cpu", "encoder_cpu"]
+CPU_BENCHMARKS = ["attention_cpu", "sparse_attention_cpu", "encoder_cpu", "summaries_cpu"]
 GPU_BENCHMARKS = ["attention_cuda", "sparse_attention_cuda"]
 
 
@@ -161,6 +161,24 @@ def cpu_summary(records: dict[str, dict]) -> list[tuple[str, str, str]]:
         header, rows = table("softmax", sparse)
         lines.append(("sparsemax / entmax, every shape and pass", "cost: time / attnlab softmax",
                       span(column(header, rows, "sparse / softmax")) + "×"))
+    summaries = records.get("summaries_cpu")
+    if summaries:
+        header, rows = table("speed", summaries)
+        lengths = sorted({shape_length(row[0]) for row in rows})
+        what = (f"weight summaries (received, entropy, top-8, pool 64), forward, "
+                f"L = {lengths[0]}–{lengths[-1]}")
+        lines.append((what, "cost: time / the plain forward",
+                      span(column(header, rows, "cost over plain")) + "×"))
+        lines.append((what, "need_weights=True, then the reductions in torch",
+                      span(column(header, rows, "vs weights + torch")) + "×"))
+        found = table("memory", summaries)
+        if found:
+            header, rows = found
+            extra = {row[0]: row[header.index("above the plain forward")] for row in rows}
+            lines.append((f"weight summaries, peak memory above the plain forward, "
+                          f"L = {rows[0][1]}", "the weights need_weights=True returns",
+                          f"{extra.get('summaries')} MiB against "
+                          f"{extra.get('need_weights=True (the weights alone)')}"))
     encoder = records.get("encoder_cpu")
     if encoder:
         header, rows = table("encoder", encoder)

@@ -9,7 +9,8 @@ from ._compat import load_core
 _C = load_core()  # registers torch.ops.attnlab; a torch it does not fit is named in one line
 from . import _ops  # noqa: E402  (fake kernels of the operators _C registered)
 from . import interpret, nn  # noqa: E402
-from .functional import scaled_dot_product_attention  # noqa: E402
+from .functional import (AttentionSummary, WeightSummary,  # noqa: E402
+                         scaled_dot_product_attention)
 
 __version__ = _C.build_info()["version"]
 
@@ -45,5 +46,5 @@ def cmake_prefix_path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", "cmake")
 
 
-__all__ = ["nn", "interpret", "scaled_dot_product_attention", "build_info", "cmake_prefix_path",
+__all__ = ["nn", "interpret", "scaled_dot_product_attention", "WeightSummary", "AttentionSummary", "build_info", "cmake_prefix_path",
            "__version__"]

@@ -58,6 +58,23 @@ def _sparse_sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_cau
             grad_attn_mask)
 
 
+@torch.library.register_fake("attnlab::_sdpa_summaries")
+def _sdpa_summaries_fake(query, key, value, attn_mask, is_causal, scale, normalizer, alpha,
+                         received, entropy, topk, pool, to):
+    batch = _batch_shape(query, key, value)
+    len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
+    wide = torch.float32 if query.dtype in (torch.float16, torch.bfloat16) else query.dtype
+    empty = lambda *shape, dtype=wide: query.new_empty(shape, dtype=dtype)  # noqa: E731
+    blocks = lambda n: (n + pool - 1) // pool if pool else 0  # noqa: E731
+    return (query.new_empty((*batch, len_q, dim_v)),
+            empty(*batch, len_k) if received else empty(0),
+            empty(*batch, len_q) if entropy else empty(0),
+            empty(*batch, len_q, topk) if topk else empty(0),
+            empty(*batch, len_q, topk, dtype=torch.long) if topk else empty(0, dtype=torch.long),
+            empty(*batch, blocks(len_q), blocks(len_k)) if pool else empty(0),
+            empty(*batch, len_q, len(to)) if to else empty(0))
+
+
 @torch.library.register_fake("attnlab::_additive_scores_forward")
 def _additive_scores_forward_fake(query_proj, key_proj, weight):
     return query_proj.new_empty((query_proj.shape[0], query_proj.shape[1], key_proj.shape[1]))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import torch
 
@@ -30,6 +31,102 @@ class AttentionCall:
     alpha: float | None
     output: torch.Tensor
     weights: torch.Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightSummary:
+    """Which summaries of the attention weights :func:`scaled_dot_product_attention` computes
+    inside its fused CPU kernel (``summary=``), in place of the ``[..., L_q, L_k]`` weights:
+    memory O(L·k) beside the output, whatever the length.
+
+    Args:
+        received: the attention each key receives, ``Σ_i P_ij`` ``[..., L_k]``.
+        entropy: each query's entropy ``−Σ_j P_ij log P_ij`` in nats ``[..., L_q]``.
+        topk: the ``k`` largest weights of each query, descending, with their keys
+            ``[..., L_q, k]`` (ties: the lower key first); at most ``L_k``.
+        pool: the mean weight in each ``pool × pool`` block ``[..., ⌈L_q/pool⌉, ⌈L_k/pool⌉]``
+            (an edge block: the mean over its own cells).
+        to: keys (ints in ``[0, L_k)``) whose weight from every query is kept,
+            ``[..., L_q, len(to)]``.
+
+    A query whose keys are all masked has zero weights, so zero summaries: entropy 0, received
+    and pooled add nothing, top-k weights 0 at keys ``0 .. k−1``.
+    """
+
+    received: bool = False
+    entropy: bool = False
+    topk: int | None = None
+    pool: int | None = None
+    to: tuple | list | None = None
+
+    def __post_init__(self):
+        for name in ("received", "entropy"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"WeightSummary: {name} must be a bool, got "
+                                f"{getattr(self, name)!r}")
+        for name in ("topk", "pool"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"WeightSummary: {name} must be a positive int or None, got "
+                                f"{value!r}")
+            if value is not None and value <= 0:
+                raise ValueError(f"WeightSummary: {name} must be a positive int, got {value}")
+        if self.to is not None:
+            keys = tuple(self.to.tolist() if isinstance(self.to, torch.Tensor) else self.to)
+            if not keys or any(isinstance(t, bool) or not isinstance(t, int) for t in keys):
+                raise TypeError(f"WeightSummary: to must be a non-empty sequence of key "
+                                f"indices (ints), got {self.to!r}")
+            object.__setattr__(self, "to", keys)
+        if not (self.received or self.entropy or self.topk or self.pool or self.to):
+            raise ValueError("WeightSummary: ask for at least one summary (received, entropy, "
+                             "topk, pool or to)")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionSummary:
+    """The summaries a :class:`WeightSummary` asked for (the others are ``None``), at the
+    output's batch shape. They carry no gradient; for float16 and bfloat16 inputs they are
+    float32."""
+
+    received: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    topk_weights: torch.Tensor | None = None
+    topk_indices: torch.Tensor | None = None
+    pooled: torch.Tensor | None = None
+    to: torch.Tensor | None = None
+
+
+def _summarize(query, key, value, attn_mask, is_causal, scale, normalizer, alpha, summary,
+               grouped):
+    """(output, AttentionSummary) from the fused forward that reduces the weights in place."""
+    if not isinstance(summary, WeightSummary):
+        raise TypeError(f"summary must be an attnlab.WeightSummary, got "
+                        f"{type(summary).__name__}")
+    if query.device.type != "cpu":
+        raise NotImplementedError(f"summary= runs in the CPU kernels only; the query is on "
+                                  f"{query.device} (ask for need_weights=True there, or move "
+                                  f"the tensors to the CPU)")
+    with torch.no_grad():
+        output, received, entropy, topk_w, topk_i, pooled, to = \
+            torch.ops.attnlab._sdpa_summaries(query, key, value, attn_mask, is_causal, scale,
+                                              normalizer, alpha, summary.received,
+                                              summary.entropy, summary.topk or 0,
+                                              summary.pool or 0, list(summary.to or ()))
+    # [..., H_kv, G, ...] back to [..., H_q, ...] for grouped heads; None where not asked for.
+    def shaped(tensor, asked, trailing):
+        if not asked:
+            return None
+        return tensor.flatten(-2 - trailing, -1 - trailing) if grouped else tensor
+
+    if grouped:
+        output = output.flatten(-4, -3)
+    return output, AttentionSummary(
+        received=shaped(received, summary.received, 1),
+        entropy=shaped(entropy, summary.entropy, 1),
+        topk_weights=shaped(topk_w, summary.topk, 2),
+        topk_indices=shaped(topk_i, summary.topk, 2),
+        pooled=shaped(pooled, summary.pool, 2),
+        to=shaped(to, summary.to, 2))
 
 
 class _HookHandle:
@@ -160,8 +257,9 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                                  scale: float | None = None, need_weights: bool = False,
                                  normalizer: str = "softmax", alpha: float | None = None,
-                                 dropout_p: float = 0.0, enable_gqa: bool = False
-                                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                                 dropout_p: float = 0.0, enable_gqa: bool = False,
+                                 summary: Any = None
+                                 ) -> tuple[torch.Tensor, Any]:
     """normalize(query @ key.transpose(-2, -1) * scale + mask) @ value, normalize = softmax by
     default, or a sparse normalizer (sparsemax, entmax) that gives keys exactly zero weight.
 
@@ -185,6 +283,11 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             2 and 1.5 take the exact sparsemax and entmax-1.5 paths). Only with ``"entmax"``.
         dropout_p: as in torch's SDPA; only 0 for now (dropout on the weights is not
             implemented: any other value raises ``NotImplementedError``).
+        summary: a :class:`WeightSummary`: the second result is then an
+            :class:`AttentionSummary` of the weights, reduced inside the fused kernel without
+            the ``[..., L_q, L_k]`` weights (CPU only; not with ``need_weights``). The output
+            keeps its gradient (where autograd records the call, it comes from the ordinary
+            forward, and the summaries from a second pass).
         enable_gqa: grouped-query attention as torch defines it: query ``[..., H_q, L_q, E]``
             against key and value ``[..., H_kv, L_k, E]`` with ``H_kv`` dividing ``H_q``; query
             head ``h`` attends with key/value head ``h // (H_q / H_kv)``, which are shared by
@@ -220,18 +323,19 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         if enable_gqa:
             raise NotImplementedError("enable_gqa=True is not available in TorchScript: give "
                                       "key and value the query's heads (repeat_interleave)")
+        # (summary= cannot be given there: scripted code cannot make a WeightSummary.)
         output, weights = torch.ops.attnlab.scaled_dot_product_attention(
             query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha)
         return output, (weights if need_weights else None)
     return _attend(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer,
-                   alpha, dropout_p, enable_gqa)
+                   alpha, dropout_p, enable_gqa, summary)
 
 
 @torch.jit.unused
 def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
             need_weights: bool, normalizer: str, alpha: float | None, dropout_p: float,
-            enable_gqa: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+            enable_gqa: bool, summary=None):
     """scaled_dot_product_attention outside TorchScript: the checks, grouped heads and hooks."""
     if (dropout_p != 0 or type(enable_gqa) is not bool or type(need_weights) is not bool
             or type(is_causal) is not bool):
@@ -242,6 +346,20 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             and query.shape[-3] != key.shape[-3]
         q, k, v, mask = _grouped(query, key, value, attn_mask) if grouped else \
             (query, key, value, attn_mask)
+        if summary is not None:
+            if need_weights:
+                raise ValueError("summary= replaces the weights: pass need_weights=False with "
+                                 "it")
+            records = torch.is_grad_enabled() and any(
+                isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, mask))
+            if not records and not _hooks:
+                return _summarize(q, k, v, mask, is_causal, scale, normalizer, alpha, summary,
+                                  grouped)
+            # The output with its gradient (and the hooks' call) from the ordinary forward.
+            output, _ = _attend(query, key, value, attn_mask, is_causal, scale, False,
+                                normalizer, alpha, dropout_p, enable_gqa)
+            return output, _summarize(q, k, v, mask, is_causal, scale, normalizer, alpha,
+                                      summary, grouped)[1]
         output, weights = torch.ops.attnlab.scaled_dot_product_attention(
             q, k, v, mask, is_causal, scale, need_weights or bool(_hooks), normalizer, alpha)
     except (RuntimeError, TypeError, AttributeError):

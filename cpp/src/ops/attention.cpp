@@ -418,6 +418,87 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
   return {outs[0], outs[1]};
 }
 
+// attnlab::_sdpa_summaries: the forward with summaries of the weights reduced in the kernel
+// (cpu::WeightSummaries) in place of the weights: (output, received, entropy, topk_weights,
+// topk_indices, pooled, to_weights), each summary not asked for an empty tensor. pooled is the
+// mean weight of each block (an edge block's over its own cells). float16 and bfloat16 run on
+// the float32 kernel; their summaries stay float32.
+using SummaryTensors = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+
+SummaryTensors sdpa_summaries_cpu(const Tensor& query, const Tensor& key, const Tensor& value,
+                                  const std::optional<Tensor>& attn_mask, bool is_causal,
+                                  std::optional<double> scale, c10::string_view normalizer,
+                                  std::optional<double> alpha, bool received, bool entropy,
+                                  int64_t topk, int64_t pool, at::IntArrayRef to) {
+  checks::sdpa_kinds(query, key, value, attn_mask, scale);
+  const double a = normalizer_alpha(normalizer, alpha);
+  if (reduced_precision(query)) {
+    const auto wide = widened_to_float({query, key, value});
+    auto result = sdpa_summaries_cpu(wide[0], wide[1], wide[2], attn_mask, is_causal, scale,
+                                     normalizer, alpha, received, entropy, topk, pool, to);
+    std::get<0>(result) = std::get<0>(result).to(query.scalar_type());
+    return result;
+  }
+  auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
+  const int64_t len_q = query.size(-2), len_k = key.size(-2), dim_v = value.size(-1);
+  TORCH_CHECK(topk >= 0 && topk <= len_k, kSdpa, ": summary topk must be at most the number of "
+              "keys L_k = ", len_k, ", got ", topk);
+  TORCH_CHECK(pool >= 0, kSdpa, ": summary pool must be a positive block size, got ", pool);
+  for (const int64_t t : to) {
+    TORCH_CHECK(t >= 0 && t < len_k, kSdpa, ": summary to holds key ", t, ", outside [0, L_k = ",
+                len_k, ")");
+  }
+  const auto options = query.options();
+  const auto none = [&] { return at::empty({0}, options); };
+  const int64_t pooled_q = pool > 0 ? (len_q + pool - 1) / pool : 0;
+  const int64_t pooled_k = pool > 0 ? (len_k + pool - 1) / pool : 0;
+  Tensor output = at::empty(with_tail(batch, {len_q, dim_v}), options);
+  Tensor stat = at::empty(with_tail(batch, {len_q}), options);
+  Tensor support_value = a != 1 ? at::empty(with_tail(batch, {len_q, dim_v}), options) : Tensor();
+  Tensor received_t = received ? at::zeros(with_tail(batch, {len_k}), options) : none();
+  Tensor entropy_t = entropy ? at::empty(with_tail(batch, {len_q}), options) : none();
+  Tensor topk_w = topk > 0 ? at::empty(with_tail(batch, {len_q, topk}), options) : none();
+  Tensor topk_i = at::empty(topk > 0 ? with_tail(batch, {len_q, topk}) : std::vector<int64_t>{0},
+                            options.dtype(at::kLong));
+  Tensor pooled_t = pool > 0 ? at::zeros(with_tail(batch, {pooled_q, pooled_k}), options)
+                             : none();
+  const std::vector<int64_t> to_keys(to.begin(), to.end());
+  const int64_t n_to = static_cast<int64_t>(to_keys.size());
+  Tensor to_t = n_to > 0 ? at::empty(with_tail(batch, {len_q, n_to}), options) : none();
+  AT_DISPATCH_FLOATING_TYPES(query.scalar_type(), "attnlab_sdpa_summaries", [&] {
+    PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
+    prepared.problem.alpha = a;
+    cpu::WeightSummaries<scalar_t> s;
+    if (received) s.received = received_t.data_ptr<scalar_t>();
+    if (entropy) s.entropy = entropy_t.data_ptr<scalar_t>();
+    if (topk > 0) {
+      s.topk = topk;
+      s.topk_weights = topk_w.data_ptr<scalar_t>();
+      s.topk_indices = topk_i.data_ptr<int64_t>();
+    }
+    if (pool > 0) {
+      s.pool = pool;
+      s.pooled = pooled_t.data_ptr<scalar_t>();
+    }
+    if (n_to > 0) {
+      s.to = to_keys.data();
+      s.n_to = n_to;
+      s.to_weights = to_t.data_ptr<scalar_t>();
+    }
+    cpu::attention_forward<scalar_t>(prepared.problem, output.data_ptr<scalar_t>(),
+                                     stat.data_ptr<scalar_t>(), nullptr, nullptr,
+                                     a != 1 ? support_value.data_ptr<scalar_t>() : nullptr, &s);
+  });
+  if (pool > 0 && pooled_t.numel() > 0) {
+    // The cells of each block: pool × pool, fewer along the last row and column of blocks.
+    const auto cells = [&](int64_t blocks, int64_t length) {
+      return at::clamp_max(length - at::arange(blocks, options) * pool, pool);
+    };
+    pooled_t.div_(cells(pooled_q, len_q).unsqueeze(-1) * cells(pooled_k, len_k));
+  }
+  return {output, received_t, entropy_t, topk_w, topk_i, pooled_t, to_t};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
@@ -461,6 +542,12 @@ TORCH_LIBRARY(attnlab, m) {
       "Tensor support_value, float alpha, Tensor? weights=None, bool grad_mask=False, "
       "Tensor? grad_attn_weights=None) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
+  m.def(
+      "_sdpa_summaries(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
+      "bool is_causal, float? scale, str normalizer, float? alpha, bool received, "
+      "bool entropy, int topk, int pool, int[] to) "
+      "-> (Tensor output, Tensor received, Tensor entropy, Tensor topk_weights, "
+      "Tensor topk_indices, Tensor pooled, Tensor to_weights)");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {
@@ -472,4 +559,5 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("_sdpa_backward", &attnlab::sdpa_backward_cpu);
   m.impl("_sparse_sdpa_forward", &attnlab::sparse_forward_cpu);
   m.impl("_sparse_sdpa_backward", &attnlab::sparse_backward_cpu);
+  m.impl("_sdpa_summaries", &attnlab::sdpa_summaries_cpu);
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <vector>
@@ -435,13 +436,15 @@ void prefetch_next(const AttentionProblem<T>& p, int64_t b, int64_t row, int64_t
 // normalized rows: without it every line of the weights tensor was first read from memory
 // (a store to a line not in cache reads it), 268 MB each way at (2, 8, 2048, 64). P·V then
 // takes the unnormalized exp(s − max), and the output rows are divided by the sums after.
+// dst: the block's rows of the weights, len_k apart. row_dot (nullable): each row's
+// Σ e·(s − max) (online_softmax_block), from which the summaries take its entropy.
 template <typename T>
 void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed, int64_t b,
-                          int64_t i0, int64_t rows, T* out, T* lse, T* weights, T* row_max,
-                          T* row_sum, T* scratch, T* block, T* known_max) {
+                          int64_t i0, int64_t rows, T* out, T* lse, T* dst, T* row_max,
+                          T* row_sum, T* scratch, T* block, T* known_max,
+                          T* row_dot = nullptr) {
   // Without a buffer the weights block [rows, len_k] is the score buffer: one softmax pass,
   // no rescaling.
-  T* const dst = weights + (b * p.len_q + i0) * p.len_k;
   T* const w = block != nullptr ? block : dst;
   const int64_t kv_end = key_end(p, i0, rows);
   // Under the causal mask (with packed heads) the products run in groups of rows, each only
@@ -470,7 +473,7 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   }
   online_softmax_block(w, rows, kv_end, p.len_k, mask_block(p, b, i0, 0), p.mask.row_stride,
                        visible_base(p, i0, 0), row_max, row_sum, scratch,
-                       maxima ? known_max : nullptr);
+                       maxima ? known_max : nullptr, row_dot);
   // On bfloat16 operands P·V also takes exp(s − max) before the normalization, as the online
   // path and torch's kernel do: a row's largest term is then 1, exact in bfloat16, where
   // rounding the normalized weight of a peaked row would cost its dominant term a rounding
@@ -486,7 +489,7 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
     // products (f32_defer_zeros; the forward's tasks flush them): whole lines only, from the
     // first line boundary past kv_end.
     if (block != nullptr && p.len_k % kLanes<float> == 0 &&
-        reinterpret_cast<uintptr_t>(weights) % 64 == 0 && f32_gemm_available()) {
+        reinterpret_cast<uintptr_t>(dst) % 64 == 0 && f32_gemm_available()) {
       row_normalizers(rows, row_max, row_sum, scratch, lse);  // scratch: 1 / sum per row
       const int64_t zeros_from = ceil_div(kv_end, kLanes<float>) * kLanes<float>;
       for (int64_t r = 0; r < rows; ++r) {  // the copies' last lines: zeros past kv_end
@@ -608,13 +611,14 @@ struct SparseBlock {
 
 // A query block under a sparse normalizer: whole rows of scores, their thresholds (tau), then
 // P·V into out and S·V/ΣS into u, over the support lists when they are short, else as dense
-// products (short rows: dense P and S directly).
+// products (short rows: dense P and S directly). weights: null, or the block's rows of the
+// weights, len_k apart.
 template <typename T>
 void forward_sparse(const AttentionProblem<T>& p, const SparseNormalizer& nz,
                     const PackedHead& packed, int64_t b, int64_t i0, int64_t rows, T* out, T* tau,
                     T* u, T* weights, SparseBlock<T>& sb) {
   const int64_t kv_end = key_end(p, i0, rows), ld = sb.ld;
-  T* x = weights ? weights + (b * p.len_q + i0) * p.len_k : sb.scores.data();
+  T* x = weights ? weights : sb.scores.data();
   const int64_t ldx = weights ? p.len_k : ld;
   if (kv_end == 0) {  // no key at all: zeros, τ = +inf
     std::fill(out, out + rows * p.dim_v, T(0));
@@ -785,19 +789,29 @@ void attention_backward_rows(const AttentionProblem<T>& p, const BatchedRows<T>&
 
 template <typename T>
 void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* weights,
-                       uint16_t* output16, T* support_value) {
+                       uint16_t* output16, T* support_value,
+                       const WeightSummaries<T>* summaries) {
   const bool sparse = p.alpha != 1;
   TORCH_CHECK(!sparse || ((support_value != nullptr || p.batch * p.len_q * p.dim_v == 0) &&
                           !p.bf16_operands &&
                           p.narrow == AttentionProblem<T>::Narrow::none),
               "attention_forward: a sparse normalizer needs support_value and wide inputs");
+  TORCH_CHECK(summaries == nullptr ||
+                  (weights == nullptr && output16 == nullptr && !p.bf16_operands &&
+                   p.narrow == AttentionProblem<T>::Narrow::none),
+              "attention_forward: summaries replace the weights, on wide inputs");
+  // With summaries each block's weights go to a buffer of the thread's, as they would to the
+  // weights tensor.
+  const bool rows_of_weights = weights != nullptr || summaries != nullptr;
   const int64_t block_q =
-      sparse    ? std::min(sparse_query_block(p.len_k), std::max<int64_t>(p.len_q, 1))
-      : weights ? weights_query_block<T>(p.len_q, p.len_k)
-                : forward_query_block(p.len_q);
+      sparse             ? std::min(sparse_query_block(p.len_k), std::max<int64_t>(p.len_q, 1))
+      : rows_of_weights  ? weights_query_block<T>(p.len_q, p.len_k)
+                         : forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
-  // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers.
-  const bool small = p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
+  // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers. The
+  // summaries take the blocked path at every size.
+  const bool small = p.len_k > 0 && summaries == nullptr &&
+                     small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
   TORCH_CHECK(output16 == nullptr || (!small && p.narrow != AttentionProblem<T>::Narrow::none &&
                                       f32_gemm_available() && !sparse),
               "attention_forward: output16 is for narrow softmax problems on the blocked path");
@@ -824,9 +838,17 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                   block_q);
     return;
   }
+  std::mutex summaries_mutex;
   parallel_tasks(p.batch * q_blocks, [&](const auto& next_task) {
     SequentialBlasScope sequential_blas;
     ZerosFlushed zeros_flushed;  // the weights' deferred zeros written before the task ends
+    AlignedVector<T> summary_rows(summaries != nullptr ? block_q * p.len_k : 0);
+    // Softmax rows' entropies from the exps as they are made (online_softmax_block's row_dot):
+    // a log per weight afterwards cost 0.65× the forward's own time at (1, 1, 4096, 64).
+    const bool entropy_from_dots = summaries != nullptr && summaries->entropy != nullptr && !sparse;
+    std::vector<T> row_dot(entropy_from_dots ? block_q : 0), entropies(row_dot.size());
+    SummaryPartials<T> partials;
+    if (summaries != nullptr) partials = summary_partials(*summaries, p.batch, p.len_q, p.len_k);
     std::vector<T> row_max(block_q), row_sum(block_q), correction(block_q), known_max(block_q);
     AlignedVector<T> scores(weights || sparse ? 0 : block_q * kForwardKeyBlock);
     AlignedVector<T> weights_block(weights && !sparse &&
@@ -834,7 +856,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                                        ? block_q * p.len_k
                                        : 0);
     std::optional<SparseBlock<T>> sparse_block;
-    if (sparse) sparse_block.emplace(block_q, p.len_k, weights != nullptr);
+    if (sparse) sparse_block.emplace(block_q, p.len_k, rows_of_weights);
     const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
     HeadPacker packer;
     const bool packing = pack_heads(p) || pack_heads_bf16(p);
@@ -863,22 +885,31 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
       }
       T* out = output16 != nullptr ? out_rows.data() : output + (b * p.len_q + i0) * p.dim_v;
       T* lse = row_stat + b * p.len_q + i0;
+      T* const weight_rows = summaries != nullptr ? summary_rows.data()
+                             : weights != nullptr ? weights + (b * p.len_q + i0) * p.len_k
+                                                  : nullptr;
       if (sparse) {
         forward_sparse(p, nz, packed, b, i0, rows, out, lse,
-                       support_value + (b * p.len_q + i0) * p.dim_v, weights, *sparse_block);
-        continue;
-      }
-      std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
-      std::fill(row_sum.begin(), row_sum.end(), T(0));
-      if (weights) {
-        forward_with_weights(*head, packed, b, i0, rows, out, lse, weights, row_max.data(),
-                             row_sum.data(), correction.data(),
-                             weights_block.empty() ? nullptr : weights_block.data(),
-                             known_max.data());
+                       support_value + (b * p.len_q + i0) * p.dim_v, weight_rows,
+                       *sparse_block);
       } else {
-        forward_online(*head, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
-                       correction.data(), scores.data(),
-                       probs16.empty() ? nullptr : probs16.data(), known_max.data());
+        std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
+        std::fill(row_sum.begin(), row_sum.end(), T(0));
+        if (weight_rows != nullptr) {
+          forward_with_weights(*head, packed, b, i0, rows, out, lse, weight_rows,
+                               row_max.data(), row_sum.data(), correction.data(),
+                               weights_block.empty() ? nullptr : weights_block.data(),
+                               known_max.data(), entropy_from_dots ? row_dot.data() : nullptr);
+          for (int64_t r = 0; entropy_from_dots && r < rows; ++r) {
+            // H = −Σ p·log p with p = e / S, log p = (s − max) − log S.
+            const T sum = row_sum[r];
+            entropies[r] = sum > T(0) ? std::log(sum) - row_dot[r] / sum : T(0);
+          }
+        } else {
+          forward_online(*head, packed, b, i0, rows, out, lse, row_max.data(), row_sum.data(),
+                         correction.data(), scores.data(),
+                         probs16.empty() ? nullptr : probs16.data(), known_max.data());
+        }
       }
       if constexpr (std::is_same_v<T, float>) {
         if (output16 != nullptr) {
@@ -886,8 +917,16 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                           output16 + (b * p.len_q + i0) * p.dim_v, p.dim_v);
         }
       }
+      if (summaries != nullptr) {
+        summarize_rows(*summaries, p.len_q, p.len_k, b, i0, rows, summary_rows.data(), p.len_k,
+                       partials, entropy_from_dots ? entropies.data() : nullptr);
+      }
     }
     if (packing && pack_heads_bf16(p)) bf16_prepacked_release();
+    if (summaries != nullptr) {
+      std::lock_guard<std::mutex> lock(summaries_mutex);
+      summary_partials_add(*summaries, partials);
+    }
   });
 }
 
@@ -1219,9 +1258,10 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
 }
 
 template void attention_forward<float>(const AttentionProblem<float>&, float*, float*, float*,
-                                       uint16_t*, float*);
+                                       uint16_t*, float*, const WeightSummaries<float>*);
 template void attention_forward<double>(const AttentionProblem<double>&, double*, double*,
-                                        double*, uint16_t*, double*);
+                                        double*, uint16_t*, double*,
+                                        const WeightSummaries<double>*);
 template void attention_backward<float>(const AttentionProblem<float>&,
                                         const BatchedRows<float>&, const float*, const float*,
                                         const float*, float*, float*, float*, float*,

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "cpu/attention/weight_summary.h"
+
 namespace attnlab::cpu {
 
 // A batch of row-major matrices: element (b, row, col) is at
@@ -73,10 +75,12 @@ bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v);
 // is O(block²) per thread for softmax, a query block × len_k per thread for the sparse
 // normalizers (whose threshold needs a whole row). output16 (only for a narrow softmax
 // problem, T = float): the output is written there instead, rounded to the inputs'
-// float16/bfloat16 (output is then not used).
+// float16/bfloat16 (output is then not used). summaries (with weights null, wide inputs): the
+// weights of each block of query rows are reduced into them instead of written out.
 template <typename T>
 void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* weights,
-                       uint16_t* output16 = nullptr, T* support_value = nullptr);
+                       uint16_t* output16 = nullptr, T* support_value = nullptr,
+                       const WeightSummaries<T>* summaries = nullptr);
 
 // Gradients, contiguous at the broadcast batch shape, written (not accumulated):
 // grad_query [batch, len_q, dim_qk], grad_key [batch, len_k, dim_qk],

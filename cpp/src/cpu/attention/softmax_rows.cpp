@@ -92,6 +92,25 @@ ATTNLAB_AVX512 float exp_shift_sum16(float* x, int64_t n, float shift) {
   return _mm512_reduce_add_ps(sum);
 }
 
+// exp_shift_sum16 that also returns Σ e·(x − shift) in *dot: with the sum S, a row's entropy
+// is log S − dot / S, free of the cancellation of lse − Σ p·x (the weight summaries'). Masked
+// lanes (e = 0) add 0: x − shift is kept above −200 where exp is 0 already.
+ATTNLAB_AVX512 float exp_shift_dot16(float* x, int64_t n, float shift, float* dot) {
+  const __m512 vshift = _mm512_set1_ps(shift), floor = _mm512_set1_ps(-200.0f);
+  const __m512 none = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 sum = _mm512_setzero_ps(), dots = _mm512_setzero_ps();
+  for (int64_t c = 0; c < n; c += 16) {
+    const __mmask16 lanes = n - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1);
+    const __m512 xv = _mm512_mask_loadu_ps(none, lanes, x + c);
+    const __m512 e = exp_shifted16(xv, vshift);
+    _mm512_mask_storeu_ps(x + c, lanes, e);
+    sum = _mm512_add_ps(sum, e);
+    dots = _mm512_fmadd_ps(e, _mm512_max_ps(_mm512_sub_ps(xv, vshift), floor), dots);
+  }
+  *dot = _mm512_reduce_add_ps(dots);
+  return _mm512_reduce_add_ps(sum);
+}
+
 #define ATTNLAB_AVX2_INLINE ATTNLAB_AVX2_TARGET inline __attribute__((always_inline))
 
 // The float row passes in AVX2 intrinsics, run where avx2_without_avx512() (cpu/isa/isa.h): on an
@@ -348,6 +367,25 @@ ATTNLAB_INLINE T exp_shift_sum(T* x, int64_t n, T shift) {
   return sum;
 }
 
+// exp_shift_sum, with Σ e·(x − shift) in *dot (exp_shift_dot16 on AVX-512, a plain loop
+// elsewhere).
+template <typename T, bool Avx512>
+ATTNLAB_INLINE T exp_shift_dot(T* x, int64_t n, T shift, T* dot) {
+#ifdef ATTNLAB_HAVE_AVX512_EXP
+  if constexpr (Avx512) return exp_shift_dot16(x, n, shift, dot);
+#endif
+  T sum = 0, dots = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const T shifted = x[j] - shift;
+    const T e = exp_nonpositive(shifted);
+    x[j] = e;
+    sum += e;
+    dots += e * std::max(shifted, T(-200));
+  }
+  *dot = dots;
+  return sum;
+}
+
 template <typename T>
 ATTNLAB_INLINE void zero_from(T* x, int64_t from, int64_t to) {
   for (int64_t c = from; c < to; ++c) x[c] = T(0);
@@ -368,7 +406,8 @@ ATTNLAB_INLINE void online_softmax_block_impl(T* s, int64_t rows, int64_t cols, 
                                               const T* mask, int64_t mask_ld,
                                               int64_t visible_base, T* row_max, T* row_sum,
                                               T* correction, const T* known_max,
-                                              uint16_t* probs16 = nullptr, int64_t ld16 = 0) {
+                                              uint16_t* probs16 = nullptr, int64_t ld16 = 0,
+                                              T* row_dot = nullptr) {
   constexpr T kNegInf = -std::numeric_limits<T>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
     T* x = s + r * ld;
@@ -399,9 +438,14 @@ ATTNLAB_INLINE void online_softmax_block_impl(T* s, int64_t rows, int64_t cols, 
       if (x16) std::fill(x16, x16 + std::max(width, cols), has_nan ? kBf16NaN : uint16_t(0));
       if (has_nan) row_sum[r] = std::numeric_limits<T>::quiet_NaN();
       correction[r] = T(1);
+      if (row_dot) row_dot[r] = T(0);
       continue;
     }
     T sum;
+    if (row_dot) {
+      sum = exp_shift_dot<T, Avx512 && std::is_same_v<T, float>>(x, width, new_max, row_dot + r);
+      zero_from(x, width, cols);
+    } else
 #ifdef ATTNLAB_HAVE_AVX512_EXP
     if constexpr (Avx512 && std::is_same_v<T, float>) {
       if (x16) {
@@ -510,10 +554,11 @@ template <typename T>
 ATTNLAB_AVX512 void online_softmax_block16(T* s, int64_t rows, int64_t cols, int64_t ld,
                                            const T* mask, int64_t mask_ld, int64_t visible_base,
                                            T* row_max, T* row_sum, T* correction,
-                                           const T* known_max) {
+                                           const T* known_max, T* row_dot) {
   online_softmax_block_impl<T, std::is_same_v<T, float>>(s, rows, cols, ld, mask, mask_ld,
                                                          visible_base, row_max, row_sum,
-                                                         correction, known_max);
+                                                         correction, known_max, nullptr, 0,
+                                                         row_dot);
 }
 ATTNLAB_AVX512 void online_softmax_block16_bf16(float* s, int64_t rows, int64_t cols,
                                                 int64_t ld, const float* mask, int64_t mask_ld,
@@ -606,14 +651,15 @@ void stream_scaled_rows(const float*, int64_t, float*, int64_t, int64_t, int64_t
   ATTNLAB_ISA_CLONES void online_softmax_block(T* s, int64_t rows, int64_t cols, int64_t ld,   \
                                                const T* mask, int64_t mask_ld,                 \
                                                int64_t visible_base, T* row_max, T* row_sum,   \
-                                               T* correction, const T* known_max) {                \
+                                               T* correction, const T* known_max,           \
+                                               T* row_dot) {                                   \
     if (rows_on_avx512()) {                                                                    \
       online_softmax_block16(s, rows, cols, ld, mask, mask_ld, visible_base, row_max, row_sum, \
-                             correction, known_max);                                               \
+                             correction, known_max, row_dot);                                  \
       return;                                                                                  \
     }                                                                                          \
     online_softmax_block_impl(s, rows, cols, ld, mask, mask_ld, visible_base, row_max,         \
-                              row_sum, correction, known_max);                                     \
+                              row_sum, correction, known_max, nullptr, 0, row_dot);           \
   }                                                                                            \
   ATTNLAB_ISA_CLONES void probs_from_lse(T* s, int64_t rows, int64_t cols, int64_t ld,         \
                                          const T* mask, int64_t mask_ld, int64_t visible_base, \

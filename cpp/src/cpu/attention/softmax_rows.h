@@ -21,13 +21,16 @@ constexpr int64_t kAllVisible = std::numeric_limits<int64_t>::max() / 4;
 // A row with nothing visible so far keeps max −inf and sum 0 (NaN scores make it NaN).
 // known_max (nullable): per row, the largest of the scores the row sees in this block where the
 // caller already has it (f32_gemm_packed's row_max), or NaN: the row is then not searched.
+// row_dot (nullable): per row, Σ_c e_c·(s_c − new max) over this block's exps e (0 for a row
+// with nothing visible), from which a whole row's entropy is log(sum) − row_dot / sum.
 void online_softmax_block(float* s, int64_t rows, int64_t cols, int64_t ld, const float* mask,
                           int64_t mask_ld, int64_t visible_base, float* row_max, float* row_sum,
-                          float* correction, const float* known_max = nullptr);
+                          float* correction, const float* known_max = nullptr,
+                          float* row_dot = nullptr);
 void online_softmax_block(double* s, int64_t rows, int64_t cols, int64_t ld, const double* mask,
                           int64_t mask_ld, int64_t visible_base, double* row_max,
                           double* row_sum, double* correction,
-                          const double* known_max = nullptr);
+                          const double* known_max = nullptr, double* row_dot = nullptr);
 
 // online_softmax_block (float) with the probabilities written to probs16 instead (rows ld16 >= ld
 // apart), rounded to bfloat16 (to nearest even; bits): columns a row may not see are 0 up to

@@ -1,0 +1,190 @@
+#include "cpu/attention/weight_summary.h"
+
+// 64-byte vectors as arguments of the inlined helpers (vec_lanes.h): GCC notes the ABI change.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+#include <algorithm>
+#include <functional>
+#include <cmath>
+#include <limits>
+
+#include "cpu/isa/isa.h"
+#include "cpu/isa/vec_lanes.h"
+
+namespace attnlab::cpu {
+namespace {
+
+int64_t blocks_of(int64_t length, int64_t pool) { return (length + pool - 1) / pool; }
+
+// −Σ p·log p over one row: the zeros of masked keys (and of a sparse map) add exactly 0 (the
+// log's argument is kept normal, and p = 0 multiplies it). On whole vectors (vec_lanes.h): as
+// a loop of scalar logs GCC left it scalar, 4× the forward's own time at (1, 1, 4096, 64).
+template <typename T>
+ATTNLAB_INLINE T row_entropy(const T* w, int64_t n) {
+  constexpr int64_t kStep = kLanes<T>;
+  const Vec<T> tiny = Vec<T>{} + std::numeric_limits<T>::min();
+  Vec<T> sums = {};
+  const auto larger = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
+  for (int64_t j = 0; j < n; j += kStep) {
+    const Vec<T> p = load_part(w + j, std::min(kStep, n - j));
+    // (a sparse map's rows are mostly zeros: no logs for their vectors)
+    if (!(reduce_lanes<T>(p, larger) > T(0))) continue;
+    sums += p * log_positive_vec(p > tiny ? p : tiny);
+  }
+  const T sum = reduce_lanes<T>(sums, [](Vec<T> a, Vec<T> b) { return a + b; });
+  return sum == T(0) ? T(0) : -sum;
+}
+
+// Keys come in groups of four vectors (kTopkGroup entries).
+template <typename T>
+constexpr int64_t kTopkGroup = 4 * kLanes<T>;
+
+// The k largest entries of one row, descending, ties to the lower index. Where the row has at
+// least k whole groups, the k-th largest of the groups' maxima bounds the k-th largest entry
+// from below (those maxima are k distinct entries): only groups whose maximum reaches it, and
+// in them only vectors that reach it, are looked at entry by entry. Inserting entries one by
+// one as the scan met them (mispredicted, and most of a row's chunks hit early on) was the
+// whole of top-8's cost, 0.27× the forward's own time at (1, 1, 4096, 64). scratch: room for
+// 2·(n / kTopkGroup) entries.
+template <typename T>
+ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_t* indices,
+                             T* scratch) {
+  int64_t held = 0;
+  const auto insert = [&](T x, int64_t j) {
+    int64_t pos = held < k ? held++ : k - 1;
+    while (pos > 0 && values[pos - 1] < x) {
+      values[pos] = values[pos - 1];
+      indices[pos] = indices[pos - 1];
+      --pos;
+    }
+    values[pos] = x;
+    indices[pos] = j;
+  };
+  constexpr int64_t kLanesT = kLanes<T>, kGroup = kTopkGroup<T>;
+  const auto larger = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
+  const int64_t groups = n / kGroup;
+  const bool bounded = groups >= k;
+  T bound = -std::numeric_limits<T>::infinity();
+  T* maxima = scratch;
+  if (bounded) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const T* x = w + g * kGroup;
+      const Vec<T> m = larger(larger(load_part(x, kLanesT), load_part(x + kLanesT, kLanesT)),
+                              larger(load_part(x + 2 * kLanesT, kLanesT),
+                                     load_part(x + 3 * kLanesT, kLanesT)));
+      const T largest = reduce_lanes<T>(m, larger);
+      maxima[g] = largest == largest ? largest : -std::numeric_limits<T>::infinity();
+    }
+    T* order = scratch + groups;
+    std::copy(maxima, maxima + groups, order);
+    std::nth_element(order, order + k - 1, order + groups, std::greater<T>());
+    bound = order[k - 1];
+  }
+  // An entry is a candidate from the bound on, and once k are held only above the k-th.
+  const auto consider = [&](int64_t c) {
+    if (held < k ? w[c] >= bound : w[c] > values[k - 1]) insert(w[c], c);
+  };
+  int64_t j = 0;
+  for (int64_t g = 0; bounded && g < groups; ++g, j += kGroup) {
+    if (maxima[g] < bound) continue;
+    for (int64_t q = 0; q < 4; ++q) {
+      const T* x = w + j + q * kLanesT;
+      const T floor = held < k ? bound : std::max(bound, values[k - 1]);
+      if (reduce_lanes<T>(load_part(x, kLanesT), larger) < floor) continue;
+      for (int64_t c = j + q * kLanesT; c < j + (q + 1) * kLanesT; ++c) consider(c);
+    }
+  }
+  for (; j < n; ++j) consider(j);
+}
+
+template <typename T>
+ATTNLAB_INLINE void summarize_impl(const WeightSummaries<T>& s, int64_t len_q, int64_t len_k,
+                                   int64_t b, int64_t i0, int64_t rows, const T* w, int64_t ld,
+                                   T* received, T* pooled, const T* entropies, T* scratch) {
+  const int64_t pooled_k = s.pool > 0 ? blocks_of(len_k, s.pool) : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = w + r * ld;
+    const int64_t i = b * len_q + i0 + r;
+    if (s.entropy != nullptr) s.entropy[i] = entropies ? entropies[r] : row_entropy(row, len_k);
+    if (s.topk > 0) row_topk(row, len_k, s.topk, s.topk_weights + i * s.topk,
+                             s.topk_indices + i * s.topk, scratch);
+    for (int64_t t = 0; t < s.n_to; ++t) s.to_weights[i * s.n_to + t] = row[s.to[t]];
+    if (received != nullptr) {
+      T* acc = received + b * len_k;
+#pragma omp simd
+      for (int64_t j = 0; j < len_k; ++j) acc[j] += row[j];
+    }
+    if (pooled != nullptr) {
+      T* acc = pooled + ((b * blocks_of(len_q, s.pool)) + (i0 + r) / s.pool) * pooled_k;
+      for (int64_t c = 0; c < pooled_k; ++c) {
+        const int64_t end = std::min(len_k, (c + 1) * s.pool);
+        T sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = c * s.pool; j < end; ++j) sum += row[j];
+        acc[c] += sum;
+      }
+    }
+  }
+}
+
+// The row loops per instruction set (isa.h).
+ATTNLAB_ISA_CLONES void summarize_block(const WeightSummaries<float>& s, int64_t len_q,
+                                        int64_t len_k, int64_t b, int64_t i0, int64_t rows,
+                                        const float* w, int64_t ld, float* received,
+                                        float* pooled, const float* entropies, float* scratch) {
+  summarize_impl(s, len_q, len_k, b, i0, rows, w, ld, received, pooled, entropies, scratch);
+}
+
+ATTNLAB_ISA_CLONES void summarize_block(const WeightSummaries<double>& s, int64_t len_q,
+                                        int64_t len_k, int64_t b, int64_t i0, int64_t rows,
+                                        const double* w, int64_t ld, double* received,
+                                        double* pooled, const double* entropies,
+                                        double* scratch) {
+  summarize_impl(s, len_q, len_k, b, i0, rows, w, ld, received, pooled, entropies, scratch);
+}
+
+}  // namespace
+
+template <typename T>
+SummaryPartials<T> summary_partials(const WeightSummaries<T>& s, int64_t batch, int64_t len_q,
+                                    int64_t len_k) {
+  SummaryPartials<T> partials;
+  if (s.received != nullptr) partials.received.assign(batch * len_k, T(0));
+  partials.scratch.resize(2 * (len_k / kTopkGroup<T>) + 1);
+  if (s.pool > 0) {
+    partials.pooled.assign(batch * blocks_of(len_q, s.pool) * blocks_of(len_k, s.pool), T(0));
+  }
+  return partials;
+}
+
+template <typename T>
+void summarize_rows(const WeightSummaries<T>& s, int64_t len_q, int64_t len_k, int64_t b,
+                    int64_t i0, int64_t rows, const T* w, int64_t ld,
+                    SummaryPartials<T>& partials, const T* entropies) {
+  summarize_block(s, len_q, len_k, b, i0, rows, w, ld,
+                  partials.received.empty() ? nullptr : partials.received.data(),
+                  partials.pooled.empty() ? nullptr : partials.pooled.data(), entropies,
+                  partials.scratch.data());
+}
+
+template <typename T>
+void summary_partials_add(const WeightSummaries<T>& s, const SummaryPartials<T>& partials) {
+  for (size_t j = 0; j < partials.received.size(); ++j) s.received[j] += partials.received[j];
+  for (size_t j = 0; j < partials.pooled.size(); ++j) s.pooled[j] += partials.pooled[j];
+}
+
+template SummaryPartials<float> summary_partials(const WeightSummaries<float>&, int64_t,
+                                                 int64_t, int64_t);
+template SummaryPartials<double> summary_partials(const WeightSummaries<double>&, int64_t,
+                                                  int64_t, int64_t);
+template void summarize_rows(const WeightSummaries<float>&, int64_t, int64_t, int64_t, int64_t,
+                             int64_t, const float*, int64_t, SummaryPartials<float>&,
+                             const float*);
+template void summarize_rows(const WeightSummaries<double>&, int64_t, int64_t, int64_t,
+                             int64_t, int64_t, const double*, int64_t, SummaryPartials<double>&,
+                             const double*);
+template void summary_partials_add(const WeightSummaries<float>&, const SummaryPartials<float>&);
+template void summary_partials_add(const WeightSummaries<double>&,
+                                   const SummaryPartials<double>&);
+
+}  // namespace attnlab::cpu

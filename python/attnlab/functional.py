@@ -12,13 +12,16 @@ import torch
 # none registered the cost of a call is one check of this list's length. Process-wide: a hook
 # sees the calls of every thread.
 _hooks: list = []
+# (WeightSummary, hook) pairs of register_summary_hook: hooks that see each call's summaries.
+_summary_hooks: list = []
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionCall:
     """One call of :func:`scaled_dot_product_attention`, as an attention hook sees it: the
     inputs, the output and the normalized weights (always computed while a hook is registered,
-    whether or not the caller asked for them). The tensors are the call's own: a hook may keep
+    whether or not the caller asked for them), or for a summary hook
+    (:func:`register_summary_hook`) the summaries instead of the weights. The tensors are the call's own: a hook may keep
     them or register autograd hooks on them (``output.register_hook``), not change them."""
 
     query: torch.Tensor
@@ -30,7 +33,8 @@ class AttentionCall:
     normalizer: str
     alpha: float | None
     output: torch.Tensor
-    weights: torch.Tensor
+    weights: torch.Tensor | None
+    summary: "AttentionSummary | None" = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,16 +134,17 @@ def _summarize(query, key, value, attn_mask, is_causal, scale, normalizer, alpha
 
 
 class _HookHandle:
-    """What register_attention_hook returns: ``remove()`` unregisters the hook (also as a
-    context manager, on leaving the block)."""
+    """What register_attention_hook and register_summary_hook return: ``remove()``
+    unregisters the hook (also as a context manager, on leaving the block)."""
 
-    def __init__(self, hook):
+    def __init__(self, hook, registry=None):
         self._hook = hook
+        self._registry = _hooks if registry is None else registry
 
     def remove(self) -> None:
-        for i, registered in enumerate(_hooks):
+        for i, registered in enumerate(self._registry):
             if registered is self._hook:
-                del _hooks[i]
+                del self._registry[i]
                 return
 
     def __enter__(self) -> "_HookHandle":
@@ -164,9 +169,27 @@ def register_attention_hook(hook) -> _HookHandle:
     return _HookHandle(hook)
 
 
+def register_summary_hook(summary: WeightSummary, hook) -> _HookHandle:
+    """Calls ``hook(call)`` after every call of :func:`scaled_dot_product_attention` with an
+    :class:`AttentionCall` whose ``summary`` holds the summaries ``summary`` asks for and whose
+    ``weights`` are ``None`` (unless the caller asked for them), until the returned handle's
+    ``remove()``. Calls that do not ask for their weights then run the fused forward with the
+    summaries: one pass, no ``L × L`` weights. ``attnlab.interpret.summarize`` is built on
+    this."""
+    if not isinstance(summary, WeightSummary):
+        raise TypeError(f"summary must be an attnlab.WeightSummary, got "
+                        f"{type(summary).__name__}")
+    if not callable(hook):
+        raise TypeError(f"hook must be callable, got {type(hook).__name__}")
+    entry = (summary, hook)
+    _summary_hooks.append(entry)
+    return _HookHandle(entry, _summary_hooks)
+
+
 def has_attention_hooks() -> bool:
-    """Whether any attention hook is registered (:func:`register_attention_hook`)."""
-    return bool(_hooks)
+    """Whether any attention hook is registered (:func:`register_attention_hook`,
+    :func:`register_summary_hook`)."""
+    return bool(_hooks or _summary_hooks)
 
 
 NORMALIZERS = ("softmax", "sparsemax", "entmax15", "entmax")
@@ -336,6 +359,31 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
             need_weights: bool, normalizer: str, alpha: float | None, dropout_p: float,
             enable_gqa: bool, summary=None):
+    """scaled_dot_product_attention outside TorchScript, with the summary hooks."""
+    if summary is not None or not _summary_hooks:
+        return _attend_core(query, key, value, attn_mask, is_causal, scale, need_weights,
+                            normalizer, alpha, dropout_p, enable_gqa, summary)
+    hooks = tuple(_summary_hooks)
+    args = (query, key, value, attn_mask, is_causal, scale)
+    options = (normalizer, alpha, dropout_p, enable_gqa)
+    found = {}  # one pass per distinct WeightSummary
+    if need_weights:
+        output, weights = _attend_core(*args, True, *options)
+    else:
+        output, found[hooks[0][0]] = _attend_core(*args, False, *options, hooks[0][0])
+        weights = None
+    for wanted, hook in hooks:
+        if wanted not in found:
+            found[wanted] = _attend_core(*args, False, *options, wanted)[1]
+        hook(AttentionCall(query, key, value, attn_mask, is_causal, scale, normalizer, alpha,
+                           output, weights, found[wanted]))
+    return output, weights
+
+
+def _attend_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_mask: torch.Tensor | None, is_causal: bool, scale: float | None,
+                 need_weights: bool, normalizer: str, alpha: float | None, dropout_p: float,
+                 enable_gqa: bool, summary=None):
     """scaled_dot_product_attention outside TorchScript: the checks, grouped heads and hooks."""
     if (dropout_p != 0 or type(enable_gqa) is not bool or type(need_weights) is not bool
             or type(is_causal) is not bool):
@@ -356,8 +404,8 @@ def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 return _summarize(q, k, v, mask, is_causal, scale, normalizer, alpha, summary,
                                   grouped)
             # The output with its gradient (and the hooks' call) from the ordinary forward.
-            output, _ = _attend(query, key, value, attn_mask, is_causal, scale, False,
-                                normalizer, alpha, dropout_p, enable_gqa)
+            output, _ = _attend_core(query, key, value, attn_mask, is_causal, scale, False,
+                                     normalizer, alpha, dropout_p, enable_gqa)
             return output, _summarize(q, k, v, mask, is_causal, scale, normalizer, alpha,
                                       summary, grouped)[1]
         output, weights = torch.ops.attnlab.scaled_dot_product_attention(

@@ -9,6 +9,9 @@ turn the maps into relevance.
   :func:`gradient_relevance` (Chefer, Gur & Wolf 2021): tuples of maps
   ``[batch, heads, L, L]``, one per layer, to ``[batch, L, L]`` relevance.
 - :func:`explain`: one call from a model to its relevance.
+- :func:`summarize`: a context manager that collects summaries of every attention call's
+  weights (received attention, entropy, top-k, pooled maps) from the fused kernel, at any
+  length, without ``output_attentions``.
 
 :func:`attention_flow` needs ``networkx``.
 """
@@ -16,6 +19,7 @@ turn the maps into relevance.
 from .explain import Explanation, explain
 from .methods import attention_flow, gradient_relevance, rollout
 from .recorder import Recorder, record
+from .summaries import Summaries, summarize
 
 __all__ = ["record", "Recorder", "rollout", "attention_flow", "gradient_relevance", "explain",
-           "Explanation"]
+           "Explanation", "summarize", "Summaries"]

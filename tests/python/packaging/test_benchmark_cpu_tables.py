@@ -34,13 +34,15 @@ def test_attention_tables(monkeypatch, capsys, one_thread, tmp_path):
     # A short shape, and one long enough (L >= 512) for the rate columns.
     monkeypatch.setattr(attention_cpu, "SHAPES", [(1, 1, 8, 16), (1, 1, 512, 16)])
     monkeypatch.setattr(attention_cpu, "GEMM_SIZE", 128)
+    monkeypatch.setattr(attention_cpu, "WEIGHTS_GRAD_SHAPES", [(1, 2, 40, 16)])
     attention_cpu.main(["--min-run-time", "0.01", "--rounds", "1", "--dtypes", "float32",
                         "bfloat16", "--skip-memory", "--json", str(tmp_path / "a.json")])
     out = capsys.readouterr().out
     # The JSON results hold the same tables as printed, and the command that makes them.
     saved = json.loads((tmp_path / "a.json").read_text())
     assert [(t["header"], t["rows"]) for t in saved["tables"]] == parse_tables(out)
-    assert [t["key"] for t in saved["tables"]] == ["float32", "bfloat16", "weights"]
+    assert [t["key"] for t in saved["tables"]] == ["float32", "bfloat16", "weights",
+                                                   "weights_grad"]
     assert saved["command"] == ("python3 benchmarks/attention_cpu.py --min-run-time 0.01 "
                                 "--rounds 1 --dtypes float32 bfloat16 --skip-memory")
     assert saved["machine"]["threads"] == 1 and saved["machine"]["torch"] == torch.__version__
@@ -49,7 +51,7 @@ def test_attention_tables(monkeypatch, capsys, one_thread, tmp_path):
     peak = float(re.search(r"float32 FMA peak \(registers only, all 1 threads\): (\d+) GFLOP/s",
                            out).group(1))
     assert ("attnlab" in out.split("GEMM rates")[1].splitlines()[0]) == HAS_OWN_GEMM
-    float32, bfloat16, weights = parse_tables(out)
+    float32, bfloat16, weights, weights_grad = parse_tables(out)
     assert float32[0][-2:] == ["% of GEMM rate", "% of FMA peak"]
     assert "% of GEMM rate" not in bfloat16[0]
     for header, rows in (float32, bfloat16):
@@ -76,6 +78,11 @@ def test_attention_tables(monkeypatch, capsys, one_thread, tmp_path):
     for row in rows:
         assert matches_rounded(float(row[-2]), float(row[3]), float(row[4])), row
         assert matches_rounded(float(row[-1]), float(row[5]), float(row[3])), row
+    header, rows = weights_grad
+    assert header[-1] == "cost of the weights' gradient"
+    assert [row[1] for row in rows] == ["softmax"] * 2 + ["sparsemax"] * 2 + ["entmax15"] * 2
+    for row in rows:
+        assert matches_rounded(float(row[-1]), float(row[3]), float(row[4])), row
 
 
 def test_encoder_table(monkeypatch, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import has_attention_hooks
+from ..functional import WeightSummary, has_attention_hooks, register_summary_hook
 from .multihead import MultiheadAttention, _heads_mask, load_torch_multihead_attention
 
 
@@ -162,6 +162,16 @@ class TransformerEncoder(nn.Module):
             x, attention = layer._module_by_module(x, mask, return_attention=True)
             maps.append(attention)
         return x, maps
+
+    def forward_with_summaries(self, x: torch.Tensor, summary: WeightSummary,
+                               mask: torch.Tensor | None = None):
+        """The output of :meth:`forward` and one :class:`attnlab.AttentionSummary` per layer
+        (``summary`` says which), from the fused kernel without any layer's ``L × L``
+        weights."""
+        summaries = []
+        with register_summary_hook(summary, lambda call: summaries.append(call.summary)):
+            out = self.forward(x, mask=mask)  # (module by module while a hook is registered)
+        return out, summaries
 
     @torch.no_grad()
     def get_attention_maps(self, x: torch.Tensor, mask: torch.Tensor | None = None):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import check_normalizer, scaled_dot_product_attention
+from ..functional import WeightSummary, check_normalizer, scaled_dot_product_attention
 
 
 def _heads_mask(mask: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
@@ -70,8 +70,7 @@ class MultiheadAttention(nn.Module):
             linear.bias.data.fill_(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                return_attention: bool = False
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                return_attention: bool = False, summary: WeightSummary | None = None):
         """Self-attention over x ``[batch, length, input_dim]``.
 
         Args:
@@ -79,10 +78,14 @@ class MultiheadAttention(nn.Module):
             mask: ``[L, L]``, ``[B, L, L]`` or ``[B, H, L, L]``; boolean (``True`` = may attend)
                 or floating point (added to the scores).
             return_attention: also return the weights ``[B, H, L, L]``.
+            summary: an :class:`attnlab.WeightSummary`: also return the summaries of the
+                weights, from the fused kernel without the weights (CPU; not with
+                ``return_attention``).
 
         Returns:
             The output ``[B, L, embed_dim]``, or the pair (output, weights) with
-            ``return_attention``.
+            ``return_attention``, or (output, :class:`attnlab.AttentionSummary`) with
+            ``summary``.
         """
         if x.dim() != 3 or x.shape[-1] != self.input_dim:
             raise ValueError(f"MultiheadAttention expects x of shape [batch, length, "
@@ -93,12 +96,14 @@ class MultiheadAttention(nn.Module):
         # blocks, where chunk's backward (cat along the last dimension) copies 128-byte rows.
         qkv = self.qkv_proj(x).reshape(batch, length, self.num_heads, 3, self.head_dim)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)  # each [B, H, L, head_dim]
+        if summary is not None and return_attention:
+            raise ValueError("summary= replaces the weights: pass return_attention=False with it")
         values, attention = scaled_dot_product_attention(
             q, k, v, attn_mask=_heads_mask(mask, batch, length), need_weights=return_attention,
-            normalizer=self.normalizer, alpha=self.alpha)
+            normalizer=self.normalizer, alpha=self.alpha, summary=summary)
         values = values.permute(0, 2, 1, 3).reshape(batch, length, self.embed_dim)
         out = self.o_proj(values)
-        return (out, attention) if return_attention else out
+        return (out, attention) if return_attention or summary is not None else out
 
 
 @torch.no_grad()

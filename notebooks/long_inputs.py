@@ -1,0 +1,174 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Attention at 16,384 tokens: summaries instead of maps
+#
+# A Llama-style model (hidden size 256, 4 heads, 4 layers, random weights from a config) reads
+# 16,384 tokens on the CPU. Its attention maps would be 4 × 16,384² weights per layer: 4 GiB in
+# float32, 16 GiB for the four layers. `output_attentions=True` cannot hold that here; attnlab's
+# fused kernel instead reduces every layer's weights as it makes them, to what one looks at on a
+# long input:
+#
+# - how much attention each token **receives** (attention sinks show up here);
+# - the **entropy** of each query's weights (broad or focused heads);
+# - each query's **top-k** keys;
+# - a **pooled** map: the mean weight in each block of 256 × 256 tokens.
+#
+# `ATTNLAB_NOTEBOOK_SMALL=1` runs 1,024 tokens instead and checks the summaries against
+# transformers' own eager attention (the tests run it that way).
+
+# %%
+# Parameters
+import os
+
+SMALL = os.environ.get("ATTNLAB_NOTEBOOK_SMALL") == "1"
+LENGTH = 1024 if SMALL else 16384    # tokens
+POOL = LENGTH // 64                  # a 64 × 64 pooled map per head
+TOPK = 8
+SEED = 0
+
+# %%
+# %matplotlib inline
+import resource
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from transformers import AutoModel, LlamaConfig
+
+import attnlab.integrations.transformers        # registers attn_implementation="attnlab"
+from attnlab.interpret import summarize
+
+torch.manual_seed(SEED)
+config = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=512,
+                     num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                     max_position_embeddings=LENGTH)
+model = AutoModel.from_config(config, attn_implementation="attnlab").eval()
+ids = torch.randint(0, 1000, (1, LENGTH), generator=torch.Generator().manual_seed(SEED))
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters, {LENGTH:,} tokens")
+
+# %% [markdown]
+# ## What the maps would take
+#
+# Eager attention with `output_attentions=True` keeps every layer's weights, and builds each
+# layer's scores and softmax besides: at least (layers + 2) × heads × L² floats.
+
+# %%
+def gib(n_bytes):
+    return n_bytes / 2**30
+
+
+layers, heads = config.num_hidden_layers, config.num_attention_heads
+needed = (layers + 2) * heads * LENGTH**2 * 4
+with open("/proc/meminfo") as f:
+    available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+print(f"eager output_attentions needs at least {gib(needed):.1f} GiB; "
+      f"this machine has {gib(available):.1f} GiB available: "
+      f"{'it fits' if needed < available else 'it does not fit'}")
+
+# %% [markdown]
+# ## Every layer's summaries, in one forward pass
+#
+# `summarize` collects the summaries of every attention call made inside it; the model runs as
+# usual (no `output_attentions`), and no call holds its L × L weights.
+
+# %%
+peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+started = time.perf_counter()
+with torch.no_grad(), summarize(received=True, entropy=True, topk=TOPK, pool=POOL) as s:
+    out = model(input_ids=ids)
+seconds = time.perf_counter() - started
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+print(f"forward with every layer's summaries: {seconds:.1f} s; peak memory of this process "
+      f"{peak / 2**20:.2f} GiB (it was {peak_before / 2**20:.2f} GiB before)")
+received, entropy = s.stack("received"), s.stack("entropy")   # [layers, 1, heads, L]
+pooled = s.stack("pooled")                                     # [layers, 1, heads, 64, 64]
+print(len(s), "layers:", tuple(received.shape), tuple(entropy.shape), tuple(pooled.shape))
+
+# %% [markdown]
+# In small mode the same model with transformers' eager attention gives the full maps, and the
+# summaries equal their reductions.
+
+# %%
+if SMALL:
+    eager = AutoModel.from_config(config, attn_implementation="eager").eval()
+    eager.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        maps = eager(input_ids=ids, output_attentions=True).attentions
+    for layer, weights in enumerate(maps):
+        difference = max((s[layer].received - weights.sum(-2)).abs().max().item(),
+                         (s[layer].entropy - torch.special.entr(weights).sum(-1)).abs().max().item(),
+                         (s[layer].topk_weights - weights.topk(TOPK, -1).values).abs().max().item())
+        print(f"layer {layer}: largest difference to eager's reductions {difference:.1e}")
+
+# %% [markdown]
+# ## Attention received along the sequence
+#
+# Causal attention gives early tokens more chances to be attended to; a token that receives far
+# more than its neighbours is an attention sink.
+
+# %%
+fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3), sharey=True)
+for layer, ax in enumerate(axes):
+    for head in range(heads):
+        ax.plot(received[layer, 0, head], lw=0.8, label=f"head {head}")
+    ax.set_yscale("log")
+    ax.set_title(f"layer {layer}")
+    ax.set_xlabel("key position")
+axes[0].set_ylabel("attention received (Σ over queries)")
+axes[-1].legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Entropy of each head
+#
+# The entropy of query i's weights is at most log(i + 1) under the causal mask (uniform weights
+# over the keys it sees); the dashed line marks that bound.
+
+# %%
+fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3), sharey=True)
+positions = torch.arange(LENGTH)
+for layer, ax in enumerate(axes):
+    for head in range(heads):
+        ax.plot(entropy[layer, 0, head], lw=0.6, label=f"head {head}")
+    ax.plot(torch.log(positions + 1.0), "k--", lw=0.8, label="log(i + 1)")
+    ax.set_title(f"layer {layer}")
+    ax.set_xlabel("query position")
+axes[0].set_ylabel("entropy (nats)")
+axes[-1].legend(fontsize=7)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Pooled maps and the top keys
+#
+# Each pooled cell is the mean weight of a block of POOL × POOL query–key pairs. On the right:
+# how far back each query's strongest key lies.
+
+# %%
+fig, axes = plt.subplots(1, layers + 1, figsize=(4 * (layers + 1), 3.6))
+for layer in range(layers):
+    axes[layer].imshow(pooled[layer, 0].mean(0).clamp_min(1e-12).log10(), cmap="viridis")
+    axes[layer].set_title(f"layer {layer}: log10 mean weight")
+    axes[layer].set_xlabel(f"key block ({POOL} tokens)")
+axes[0].set_ylabel(f"query block ({POOL} tokens)")
+distance = positions[None, :] - torch.stack([s[layer].topk_indices[0, :, :, 0]
+                                             for layer in range(layers)]).flatten(0, 1)
+axes[-1].hist(distance.flatten().numpy(), bins=60, log=True)
+axes[-1].set_title("query − its top key")
+axes[-1].set_xlabel("tokens back")
+plt.tight_layout()
+plt.show()

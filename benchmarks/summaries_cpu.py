@@ -9,7 +9,7 @@ Prints markdown tables, each headed by the machine:
   forward, at one length, beside the size of the weights need_weights=True would return.
 
     python benchmarks/summaries_cpu.py [--lengths 1024 4096 16384] [--memory-length 32768]
-                                       [--min-run-time 1.0] [--rounds 3] [--json PATH]
+                                       [--min-run-time 3.0] [--rounds 3] [--json PATH]
 """
 
 import argparse
@@ -99,8 +99,9 @@ def main(argv=None):
                         help="sequence lengths L of the speed table (default 1024 4096 16384)")
     parser.add_argument("--memory-length", type=int, default=32768,
                         help="L of the memory table (default 32768; 0 skips it)")
-    parser.add_argument("--min-run-time", type=float, default=1.0,
-                        help="seconds of repeated runs behind each median (default 1.0)")
+    parser.add_argument("--min-run-time", type=float, default=3.0,
+                        help="seconds of repeated runs behind each median (default 3.0: a "
+                             "forward at L = 16384 takes a few tenths of a second)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="alternating rounds behind each median (default 3)")
     add_json_argument(parser)

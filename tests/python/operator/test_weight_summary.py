@@ -78,6 +78,8 @@ CASES = [
     # Over several of the blocked kernel's query and key blocks, L not a multiple of pool.
     dict(shape=((2,), 150, 301, 16, 8), mask="bool", is_causal=True),
     dict(shape=((1,), 70, 530, 32, 16), mask=None, is_causal=False),
+    # Long enough rows for the top-k's groups of four vectors.
+    dict(shape=((1,), 20, 1000, 16, 8), mask="bool", is_causal=False),
 ]
 
 

@@ -35,17 +35,14 @@ ATTNLAB_INLINE T row_entropy(const T* w, int64_t n) {
   return sum == T(0) ? T(0) : -sum;
 }
 
-// Keys come in groups of four vectors (kTopkGroup entries).
-template <typename T>
-constexpr int64_t kTopkGroup = 4 * kLanes<T>;
-
 // The k largest entries of one row, descending, ties to the lower index. Where the row has at
-// least k whole groups, the k-th largest of the groups' maxima bounds the k-th largest entry
-// from below (those maxima are k distinct entries): only groups whose maximum reaches it, and
-// in them only vectors that reach it, are looked at entry by entry. Inserting entries one by
-// one as the scan met them (mispredicted, and most of a row's chunks hit early on) was the
-// whole of top-8's cost, 0.27× the forward's own time at (1, 1, 4096, 64). scratch: room for
-// 2·(n / kTopkGroup) entries.
+// least k groups of whole vectors, the k-th largest of the groups' maxima bounds the k-th
+// largest entry from below (those maxima are k distinct entries): only groups whose maximum
+// reaches it, and in them only vectors that reach it, are looked at entry by entry. Inserting
+// entries one by one as the scan met them (mispredicted, and most of a row's chunks hit early
+// on) was the whole of top-8's cost, 0.27× the forward's own time at (1, 1, 4096, 64). A group
+// is the most vectors (up to 4) that still leave 4k groups, so that the bound stays tight on
+// short rows. scratch: room for 2·(n / lanes) entries.
 template <typename T>
 ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_t* indices,
                              T* scratch) {
@@ -60,18 +57,20 @@ ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_
     values[pos] = x;
     indices[pos] = j;
   };
-  constexpr int64_t kLanesT = kLanes<T>, kGroup = kTopkGroup<T>;
+  constexpr int64_t kLanesT = kLanes<T>;
   const auto larger = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
-  const int64_t groups = n / kGroup;
+  int64_t per_group = 4;
+  while (per_group > 1 && n / (per_group * kLanesT) < 4 * k) per_group /= 2;
+  const int64_t group = per_group * kLanesT, groups = n / group;
   const bool bounded = groups >= k;
   T bound = -std::numeric_limits<T>::infinity();
   T* maxima = scratch;
   if (bounded) {
     for (int64_t g = 0; g < groups; ++g) {
-      const T* x = w + g * kGroup;
-      const Vec<T> m = larger(larger(load_part(x, kLanesT), load_part(x + kLanesT, kLanesT)),
-                              larger(load_part(x + 2 * kLanesT, kLanesT),
-                                     load_part(x + 3 * kLanesT, kLanesT)));
+      Vec<T> m = load_part(w + g * group, kLanesT);
+      for (int64_t q = 1; q < per_group; ++q) {
+        m = larger(m, load_part(w + g * group + q * kLanesT, kLanesT));
+      }
       const T largest = reduce_lanes<T>(m, larger);
       maxima[g] = largest == largest ? largest : -std::numeric_limits<T>::infinity();
     }
@@ -85,12 +84,12 @@ ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_
     if (held < k ? w[c] >= bound : w[c] > values[k - 1]) insert(w[c], c);
   };
   int64_t j = 0;
-  for (int64_t g = 0; bounded && g < groups; ++g, j += kGroup) {
+  for (int64_t g = 0; bounded && g < groups; ++g, j += group) {
     if (maxima[g] < bound) continue;
-    for (int64_t q = 0; q < 4; ++q) {
+    for (int64_t q = 0; q < per_group; ++q) {
       const T* x = w + j + q * kLanesT;
       const T floor = held < k ? bound : std::max(bound, values[k - 1]);
-      if (reduce_lanes<T>(load_part(x, kLanesT), larger) < floor) continue;
+      if (per_group > 1 && reduce_lanes<T>(load_part(x, kLanesT), larger) < floor) continue;
       for (int64_t c = j + q * kLanesT; c < j + (q + 1) * kLanesT; ++c) consider(c);
     }
   }
@@ -150,7 +149,7 @@ SummaryPartials<T> summary_partials(const WeightSummaries<T>& s, int64_t batch, 
                                     int64_t len_k) {
   SummaryPartials<T> partials;
   if (s.received != nullptr) partials.received.assign(batch * len_k, T(0));
-  partials.scratch.resize(2 * (len_k / kTopkGroup<T>) + 1);
+  partials.scratch.resize(2 * (len_k / kLanes<T>) + 1);
   if (s.pool > 0) {
     partials.pooled.assign(batch * blocks_of(len_q, s.pool) * blocks_of(len_k, s.pool), T(0));
   }

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..functional import WeightSummary, check_normalizer, scaled_dot_product_attention
+from ..functional import (AttentionSummary, WeightSummary, check_normalizer,
+                          scaled_dot_product_attention)
 
 
 def _heads_mask(mask: torch.Tensor | None, batch: int, length: int) -> torch.Tensor | None:
@@ -70,7 +71,9 @@ class MultiheadAttention(nn.Module):
             linear.bias.data.fill_(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                return_attention: bool = False, summary: WeightSummary | None = None):
+                return_attention: bool = False, summary: WeightSummary | None = None
+                ) -> (torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+                      | tuple[torch.Tensor, AttentionSummary]):
         """Self-attention over x ``[batch, length, input_dim]``.
 
         Args:

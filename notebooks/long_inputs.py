@@ -120,17 +120,28 @@ if SMALL:
 # more than its neighbours is an attention sink.
 
 # %%
-fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3), sharey=True)
-for layer, ax in enumerate(axes):
-    for head in range(heads):
-        ax.plot(received[layer, 0, head], lw=0.8, label=f"head {head}")
-    ax.set_yscale("log")
-    ax.set_title(f"layer {layer}")
-    ax.set_xlabel("key position")
-axes[0].set_ylabel("attention received (Σ over queries)")
-axes[-1].legend(fontsize=7)
-plt.tight_layout()
-plt.show()
+positions = torch.arange(LENGTH)
+
+
+def per_layer(values, xlabel, ylabel, bound=None, log=False):
+    """One panel per layer, one line per head, along the sequence; bound: a dashed line."""
+    fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3), sharey=True)
+    for layer, ax in enumerate(axes):
+        for head in range(heads):
+            ax.plot(values[layer, 0, head], lw=0.7, label=f"head {head}")
+        if bound is not None:
+            ax.plot(bound[0], "k--", lw=0.8, label=bound[1])
+        if log:
+            ax.set_yscale("log")
+        ax.set_title(f"layer {layer}")
+        ax.set_xlabel(xlabel)
+    axes[0].set_ylabel(ylabel)
+    axes[-1].legend(fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+per_layer(received, "key position", "attention received (Σ over queries)", log=True)
 
 # %% [markdown]
 # ## Entropy of each head
@@ -139,18 +150,7 @@ plt.show()
 # over the keys it sees); the dashed line marks that bound.
 
 # %%
-fig, axes = plt.subplots(1, layers, figsize=(4 * layers, 3), sharey=True)
-positions = torch.arange(LENGTH)
-for layer, ax in enumerate(axes):
-    for head in range(heads):
-        ax.plot(entropy[layer, 0, head], lw=0.6, label=f"head {head}")
-    ax.plot(torch.log(positions + 1.0), "k--", lw=0.8, label="log(i + 1)")
-    ax.set_title(f"layer {layer}")
-    ax.set_xlabel("query position")
-axes[0].set_ylabel("entropy (nats)")
-axes[-1].legend(fontsize=7)
-plt.tight_layout()
-plt.show()
+per_layer(entropy, "query position", "entropy (nats)", bound=(torch.log(positions + 1.0), "log(i + 1)"))
 
 # %% [markdown]
 # ## Pooled maps and the top keys

@@ -940,11 +940,10 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
   TORCH_CHECK(weights_grad == nullptr || weights != nullptr,
               "attention_backward: a gradient of the weights needs the forward's weights");
-  // The blocked path alone adds a gradient of the weights (the small kernels keep dP in
-  // registers and never see it).
   // Every key in one vector: one register-resident pass per batch entry, which writes every
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
-  // about as much as the kernel's arithmetic).
+  // about as much as the kernel's arithmetic). A gradient of the weights takes the blocked
+  // path (the small kernels keep dP in registers).
   const bool small = weights_grad == nullptr &&
                      (sparse ? p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
                                    small_sparse_fits<T>(p.alpha, p.len_k, E, Ev) && !grad_weights
@@ -978,11 +977,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                p.len_q, Ev, delta.data() + b * p.len_q);
       if (weights_grad == nullptr) continue;
       // A gradient G at the weights adds Σ_j P_ij·G_ij (softmax) or Σ_j s_ij·G_ij / Σ_j s_ij
-      // to the row term, as dP does.
-      // s = p^{2−α} where p > 0: without branches for sparsemax and entmax-1.5 (the support's
-      // entries lie scattered along the row).
-      const T exponent = T(2 - nz.alpha);
-      std::vector<T> support_row(nz.kind == SparseKind::kEntmax15 ? p.len_k : 0);
+      // to the row term, as dP does (s = p^{2−α}, sparse_support_from_probs).
+      std::vector<T> support_row(sparse ? p.len_k : 0);
       for (int64_t i = 0; i < p.len_q; ++i) {
         const T* pw = weights + (b * p.len_q + i) * p.len_k;
         const T* g = weights_grad + (b * p.len_q + i) * p.len_k;
@@ -993,29 +989,12 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           delta[b * p.len_q + i] += sum;
           continue;
         }
+        sparse_support_from_probs(pw, p.len_k, support_row.data(), p.len_k, 1, p.len_k, nz);
         T weighted = 0, total = 0;
-        if (nz.kind == SparseKind::kSparsemax) {
 #pragma omp simd reduction(+ : weighted, total)
-          for (int64_t j = 0; j < p.len_k; ++j) {
-            const T support = pw[j] > T(0) ? T(1) : T(0);
-            weighted += support * g[j];
-            total += support;
-          }
-        } else if (nz.kind == SparseKind::kEntmax15) {
-          // √p on the CPU's vector square root (sparse_rows.h), then the sums.
-          sparse_support_from_probs(pw, p.len_k, support_row.data(), p.len_k, 1, p.len_k, nz);
-#pragma omp simd reduction(+ : weighted, total)
-          for (int64_t j = 0; j < p.len_k; ++j) {
-            weighted += support_row[j] * g[j];
-            total += support_row[j];
-          }
-        } else {
-          for (int64_t j = 0; j < p.len_k; ++j) {
-            if (!(pw[j] > T(0))) continue;
-            const T support = std::pow(pw[j], exponent);
-            weighted += support * g[j];
-            total += support;
-          }
+        for (int64_t j = 0; j < p.len_k; ++j) {
+          weighted += support_row[j] * g[j];
+          total += support_row[j];
         }
         if (total > 0) delta[b * p.len_q + i] += weighted / total;
       }

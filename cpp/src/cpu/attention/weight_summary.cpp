@@ -16,6 +16,12 @@ namespace {
 
 int64_t blocks_of(int64_t length, int64_t pool) { return (length + pool - 1) / pool; }
 
+// The lane-wise larger of two vectors (reduce_lanes' operation for a maximum).
+template <typename T>
+ATTNLAB_INLINE Vec<T> larger(Vec<T> a, Vec<T> b) {
+  return a > b ? a : b;
+}
+
 // −Σ p·log p over one row: the zeros of masked keys (and of a sparse map) add exactly 0 (the
 // log's argument is kept normal, and p = 0 multiplies it). On whole vectors (vec_lanes.h): as
 // a loop of scalar logs GCC left it scalar, 4× the forward's own time at (1, 1, 4096, 64).
@@ -24,11 +30,10 @@ ATTNLAB_INLINE T row_entropy(const T* w, int64_t n) {
   constexpr int64_t kStep = kLanes<T>;
   const Vec<T> tiny = Vec<T>{} + std::numeric_limits<T>::min();
   Vec<T> sums = {};
-  const auto larger = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
   for (int64_t j = 0; j < n; j += kStep) {
     const Vec<T> p = load_part(w + j, std::min(kStep, n - j));
     // (a sparse map's rows are mostly zeros: no logs for their vectors)
-    if (!(reduce_lanes<T>(p, larger) > T(0))) continue;
+    if (!(reduce_lanes<T>(p, larger<T>) > T(0))) continue;
     sums += p * log_positive_vec(p > tiny ? p : tiny);
   }
   const T sum = reduce_lanes<T>(sums, [](Vec<T> a, Vec<T> b) { return a + b; });
@@ -58,7 +63,6 @@ ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_
     indices[pos] = j;
   };
   constexpr int64_t kLanesT = kLanes<T>;
-  const auto larger = [](Vec<T> a, Vec<T> b) { return a > b ? a : b; };
   int64_t per_group = 4;
   while (per_group > 1 && n / (per_group * kLanesT) < 4 * k) per_group /= 2;
   const int64_t group = per_group * kLanesT, groups = n / group;
@@ -69,9 +73,9 @@ ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_
     for (int64_t g = 0; g < groups; ++g) {
       Vec<T> m = load_part(w + g * group, kLanesT);
       for (int64_t q = 1; q < per_group; ++q) {
-        m = larger(m, load_part(w + g * group + q * kLanesT, kLanesT));
+        m = larger<T>(m, load_part(w + g * group + q * kLanesT, kLanesT));
       }
-      const T largest = reduce_lanes<T>(m, larger);
+      const T largest = reduce_lanes<T>(m, larger<T>);
       maxima[g] = largest == largest ? largest : -std::numeric_limits<T>::infinity();
     }
     T* order = scratch + groups;
@@ -89,7 +93,7 @@ ATTNLAB_INLINE void row_topk(const T* w, int64_t n, int64_t k, T* values, int64_
     for (int64_t q = 0; q < per_group; ++q) {
       const T* x = w + j + q * kLanesT;
       const T floor = held < k ? bound : std::max(bound, values[k - 1]);
-      if (per_group > 1 && reduce_lanes<T>(load_part(x, kLanesT), larger) < floor) continue;
+      if (per_group > 1 && reduce_lanes<T>(load_part(x, kLanesT), larger<T>) < floor) continue;
       for (int64_t c = j + q * kLanesT; c < j + (q + 1) * kLanesT; ++c) consider(c);
     }
   }

@@ -10,7 +10,8 @@ def _batch_shape(query, key, value):
 
 
 @torch.library.register_fake("attnlab::_sdpa_forward")
-def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weights):
+def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weights,
+                       dropout_p=0.0, dropout_seed=0):
     batch = _batch_shape(query, key, value)
     len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
     output = query.new_empty((*batch, len_q, dim_v))
@@ -24,7 +25,7 @@ def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weig
 @torch.library.register_fake("attnlab::_sdpa_backward")
 def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale, output,
                         logsumexp, weights=None, grad_mask=False, grad_weights=False,
-                        grad_attn_weights=None):
+                        grad_attn_weights=None, dropout_p=0.0, dropout_seed=0):
     grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
                       else query.new_empty((0,)))
     # dP = grad_output @ value^T at the output's batch shape, in the inputs' dtype.
@@ -36,7 +37,7 @@ def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, sc
 
 @torch.library.register_fake("attnlab::_sparse_sdpa_forward")
 def _sparse_sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weights,
-                              alpha):
+                              alpha, dropout_p=0.0, dropout_seed=0):
     batch = _batch_shape(query, key, value)
     len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
     output = query.new_empty((*batch, len_q, dim_v))
@@ -51,7 +52,8 @@ def _sparse_sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, ne
 @torch.library.register_fake("attnlab::_sparse_sdpa_backward")
 def _sparse_sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale,
                                output, tau, support_value, alpha, weights=None,
-                               grad_mask=False, grad_attn_weights=None):
+                               grad_mask=False, grad_attn_weights=None, dropout_p=0.0,
+                               dropout_seed=0):
     grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
                       else query.new_empty((0,)))
     return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
@@ -73,6 +75,11 @@ def _sdpa_summaries_fake(query, key, value, attn_mask, is_causal, scale, normali
             empty(*batch, len_q, topk, dtype=torch.long) if topk else empty(0, dtype=torch.long),
             empty(*batch, blocks(len_q), blocks(len_k)) if pool else empty(0),
             empty(*batch, len_q, len(to)) if to else empty(0))
+
+
+@torch.library.register_fake("attnlab::_dropout_mask")
+def _dropout_mask_fake(like, dropout_p, dropout_seed):
+    return like.new_empty(like.shape)
 
 
 @torch.library.register_fake("attnlab::_additive_scores_forward")

@@ -224,6 +224,34 @@ def check_normalizer(normalizer: str, alpha: float | None) -> None:
                          f"alpha -> 1 approaches softmax), got {alpha}")
 
 
+def dropout_seed() -> int:
+    """Draws a seed from torch's default generator exactly as each call of
+    :func:`scaled_dot_product_attention` with ``dropout_p > 0`` draws its own: after the same
+    ``torch.manual_seed``, the seed that call used (for :func:`dropout_mask`)."""
+    return int(torch.empty((), dtype=torch.long).random_())
+
+
+def dropout_mask(shape, dropout_p: float, seed: int,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """The factor dropout multiplies the weights by: ``D`` of ``shape`` ``[..., L_q, L_k]``,
+    ``0`` where a weight is dropped and ``1/(1 - dropout_p)`` where it is kept, as the
+    operator makes it from ``seed`` (:func:`dropout_seed`). ``shape`` is the output's batch
+    shape with ``L_q, L_k``: the weights of a call with dropout are ``P * D``, its output
+    ``(P * D) @ value``. Whether a weight is kept is a hash of the seed and its position, so
+    any blocking and any number of threads give the same mask."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
+        raise TypeError(f"dropout_p must be a number, got {type(dropout_p).__name__}")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
+    shape = tuple(shape)
+    if len(shape) < 2:
+        raise ValueError(f"shape must be [..., L_q, L_k], got {shape}")
+    return torch.ops.attnlab._dropout_mask(torch.empty(shape, dtype=dtype), float(dropout_p),
+                                           seed)
+
+
 def _check_call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha,
                 dropout_p, enable_gqa) -> None:
     """TypeError naming the argument for a value of the wrong kind (the operator's own error
@@ -249,11 +277,8 @@ def _check_call(query, key, value, attn_mask, is_causal, scale, need_weights, no
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)):
         raise TypeError(f"dropout_p must be a number, got {type(dropout_p).__name__} "
                         f"{dropout_p!r}")
-    if dropout_p != 0:
-        raise NotImplementedError(
-            f"dropout_p={dropout_p}: attnlab's attention has no dropout on the weights yet; "
-            "pass dropout_p=0.0 (as torch's SDPA wants outside training too), or apply dropout "
-            "to the output")
+    if not 0 <= dropout_p < 1:
+        raise ValueError(f"dropout_p must be a probability in [0, 1), got {dropout_p!r}")
 
 
 def _grouped(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -304,8 +329,14 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
             α = 1.5). CPU: float32 and float64.
         alpha: the α of ``normalizer="entmax"``, a finite number > 1 (α → 1 approaches softmax;
             2 and 1.5 take the exact sparsemax and entmax-1.5 paths). Only with ``"entmax"``.
-        dropout_p: as in torch's SDPA; only 0 for now (dropout on the weights is not
-            implemented: any other value raises ``NotImplementedError``).
+        dropout_p: dropout on the weights, as in torch's SDPA: each weight is zeroed with
+            probability ``dropout_p`` and the kept ones scaled by ``1/(1 - dropout_p)``, inside
+            the fused kernel (CPU). It applies whenever it is > 0 (modules pass it only in
+            training). The mask comes from torch's default generator, so ``torch.manual_seed``
+            reproduces it, and the backward makes it again instead of storing it
+            (:func:`dropout_mask` gives it for a reference). With ``need_weights`` the weights
+            returned are the ones used, after dropout; ``summary=`` describes the weights
+            before dropout.
         summary: a :class:`WeightSummary`: the second result is then an
             :class:`AttentionSummary` of the weights, reduced inside the fused kernel without
             the ``[..., L_q, L_k]`` weights (CPU only; not with ``need_weights``). The output
@@ -327,8 +358,10 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     Raises:
         TypeError: an argument of the wrong kind (a query that is not a tensor, a non-bool
             flag, ...), named.
-        ValueError: ``enable_gqa`` with head counts that do not divide.
-        NotImplementedError: ``dropout_p`` other than 0.
+        ValueError: ``enable_gqa`` with head counts that do not divide, ``dropout_p`` outside
+            ``[0, 1)``.
+        NotImplementedError: ``dropout_p`` > 0 on CUDA tensors; a loss on the weights of a
+            sparse normalizer with ``dropout_p`` > 0 (raised by the backward).
         RuntimeError: bad shapes, dtypes or devices, an unknown normalizer, or ``alpha``
             missing, misplaced or not > 1; the message names the argument.
 
@@ -340,15 +373,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     """
     if torch.jit.is_scripting():
         # TorchScript: the operator itself (it checks its arguments' types and shapes).
-        if dropout_p != 0.0:
-            raise NotImplementedError("dropout_p must be 0: attnlab's attention has no dropout "
-                                      "on the weights yet")
         if enable_gqa:
             raise NotImplementedError("enable_gqa=True is not available in TorchScript: give "
                                       "key and value the query's heads (repeat_interleave)")
         # (summary= cannot be given there: scripted code cannot make a WeightSummary.)
         output, weights = torch.ops.attnlab.scaled_dot_product_attention(
-            query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha)
+            query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha,
+            float(dropout_p))
         return output, (weights if need_weights else None)
     return _attend(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer,
                    alpha, dropout_p, enable_gqa, summary)
@@ -385,8 +416,8 @@ def _attend_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  need_weights: bool, normalizer: str, alpha: float | None, dropout_p: float,
                  enable_gqa: bool, summary=None):
     """scaled_dot_product_attention outside TorchScript: the checks, grouped heads and hooks."""
-    if (dropout_p != 0 or type(enable_gqa) is not bool or type(need_weights) is not bool
-            or type(is_causal) is not bool):
+    if (type(dropout_p) is not float or type(enable_gqa) is not bool
+            or type(need_weights) is not bool or type(is_causal) is not bool):
         _check_call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer,
                     alpha, dropout_p, enable_gqa)
     try:
@@ -400,7 +431,7 @@ def _attend_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  "it")
             records = torch.is_grad_enabled() and any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v, mask))
-            if not records and not _hooks:
+            if not records and not _hooks and dropout_p == 0:
                 return _summarize(q, k, v, mask, is_causal, scale, normalizer, alpha, summary,
                                   grouped)
             # The output with its gradient (and the hooks' call) from the ordinary forward.
@@ -409,7 +440,8 @@ def _attend_core(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
             return output, _summarize(q, k, v, mask, is_causal, scale, normalizer, alpha,
                                       summary, grouped)[1]
         output, weights = torch.ops.attnlab.scaled_dot_product_attention(
-            q, k, v, mask, is_causal, scale, need_weights or bool(_hooks), normalizer, alpha)
+            q, k, v, mask, is_causal, scale, need_weights or bool(_hooks), normalizer, alpha,
+            float(dropout_p))
     except (RuntimeError, TypeError, AttributeError):
         # Checked here, on the way out, so that correct calls pay nothing for it: an argument
         # of the wrong kind raises a TypeError that names it.

@@ -19,13 +19,17 @@ namespace attnlab {
 //   normalizer: "softmax" (default), "sparsemax" (α = 2), "entmax15" (α = 1.5) or "entmax" with
 //   alpha > 1 (α-entmax): p = [(α − 1)·z − τ]_+^{1/(α − 1)} per query row, τ such that the row
 //   sums to 1, so keys below the threshold get exactly zero weight. alpha only with "entmax".
+//   dropout_p: dropout on the weights inside the kernel (CPU), each kept weight scaled by
+//   1/(1 − dropout_p), its mask drawn from torch's default generator; the returned weights are
+//   the ones used, after dropout.
 // Returns (output [..., L_q, E_v], weights [..., L_q, L_k]); weights is an empty tensor unless
 // need_weights is true. Gradients flow to query, key, value and a floating-point mask.
 std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_mask = std::nullopt, bool is_causal = false,
     std::optional<double> scale = std::nullopt, bool need_weights = false,
-    std::string_view normalizer = "softmax", std::optional<double> alpha = std::nullopt);
+    std::string_view normalizer = "softmax", std::optional<double> alpha = std::nullopt,
+    double dropout_p = 0.0);
 
 // Additive (Bahdanau) scores: scores[b, q, k] = Σ_j weight[j]·tanh(query_proj[b, q, j] +
 // key_proj[b, k, j]) for query_proj [B, Q, h] (= W₁·queries) and key_proj [B, K, h]

@@ -90,7 +90,9 @@ void check_saved(const Tensor& t, const char* name, at::IntArrayRef shape,
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cuda(
     const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    bool need_weights, double alpha) {
+    bool need_weights, double alpha, double dropout_p, int64_t /*dropout_seed*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0, "attnlab.scaled_dot_product_attention: "
+                              "dropout_p > 0 runs in the CPU kernels only");
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   check_alpha(alpha);
   check_head_sizes(query, value);
@@ -136,7 +138,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cuda(
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& tau, const Tensor& support_value, double alpha,
     const std::optional<Tensor>& weights, bool grad_mask,
-    const std::optional<Tensor>& grad_attn_weights) {
+    const std::optional<Tensor>& grad_attn_weights, double dropout_p,
+    int64_t /*dropout_seed*/) {
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0, "attnlab.scaled_dot_product_attention: "
+                              "dropout_p > 0 runs in the CPU kernels only");
   TORCH_CHECK_NOT_IMPLEMENTED(!grad_attn_weights || !grad_attn_weights->defined(),
                               "attnlab.scaled_dot_product_attention backward: grad_attn_weights "
                               "is taken on the CPU only");

@@ -36,13 +36,19 @@ bool bf16_products(const Tensor& t) {
   return t.scalar_type() == at::kBFloat16 && cpu::bf16_products_pay();
 }
 
+// Dropout of probability dropout_p (in [0, 1), checked) from dropout_seed: cpu::Dropout.
+cpu::Dropout dropout_of(double dropout_p, int64_t dropout_seed) {
+  checks::dropout(dropout_p);
+  return {dropout_p, static_cast<uint64_t>(dropout_seed)};
+}
+
 // The forward: (output, row statistic, weights, support_value), the last an empty tensor for
 // softmax (alpha == 1). bf16_operands (set by the reduced-precision branch for the float32
 // tensors it makes): see cpu::AttentionProblem.
 std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_forward_impl(
     const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    bool need_weights, bool bf16_operands, double alpha) {
+    bool need_weights, bool bf16_operands, double alpha, const cpu::Dropout& dropout) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const bool sparse = alpha != 1;
   if (!sparse && reduced_precision(query) &&
@@ -64,6 +70,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_forward_impl(
     PreparedProblem<float> prepared(query, key, value, attn_mask, is_causal, scale, batch,
                                     /*narrow_inputs=*/true);
     prepared.problem.bf16_operands = bf16_products(query);
+    prepared.problem.dropout = dropout;
     cpu::attention_forward<float>(prepared.problem, nullptr, lse.data_ptr<float>(),
                                   need_weights ? weights.data_ptr<float>() : nullptr,
                                   static_cast<uint16_t*>(output.data_ptr()));
@@ -77,7 +84,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_forward_impl(
     const auto wide = widened_to_float({query, key, value});
     auto [output, stat, weights, support_value] =
         sdpa_forward_impl(wide[0], wide[1], wide[2], attn_mask, is_causal, scale, need_weights,
-                          !sparse && bf16_products(query), alpha);
+                          !sparse && bf16_products(query), alpha, dropout);
     return {output.to(query.scalar_type()), stat, weights.to(query.scalar_type()),
             support_value};
   }
@@ -92,6 +99,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sdpa_forward_impl(
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     prepared.problem.bf16_operands = bf16_operands;
     prepared.problem.alpha = alpha;
+    prepared.problem.dropout = dropout;
     cpu::attention_forward<scalar_t>(
         prepared.problem, output.data_ptr<scalar_t>(), stat.data_ptr<scalar_t>(),
         need_weights ? weights.data_ptr<scalar_t>() : nullptr, nullptr,
@@ -104,19 +112,22 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
                                                      const Tensor& value,
                                                      const std::optional<Tensor>& attn_mask,
                                                      bool is_causal, std::optional<double> scale,
-                                                     bool need_weights) {
-  auto [output, lse, weights, unused] = sdpa_forward_impl(query, key, value, attn_mask,
-                                                          is_causal, scale, need_weights, false, 1);
+                                                     bool need_weights, double dropout_p,
+                                                     int64_t dropout_seed) {
+  auto [output, lse, weights, unused] =
+      sdpa_forward_impl(query, key, value, attn_mask, is_causal, scale, need_weights, false, 1,
+                        dropout_of(dropout_p, dropout_seed));
   return {output, lse, weights};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
     const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    bool need_weights, double alpha) {
+    bool need_weights, double alpha, double dropout_p, int64_t dropout_seed) {
   checks::sparse_alpha(alpha);
-  auto [output, tau, weights, support_value] = sdpa_forward_impl(
-      query, key, value, attn_mask, is_causal, scale, need_weights, false, alpha);
+  auto [output, tau, weights, support_value] =
+      sdpa_forward_impl(query, key, value, attn_mask, is_causal, scale, need_weights, false,
+                        alpha, dropout_of(dropout_p, dropout_seed));
   return {output, tau, support_value, weights};
 }
 
@@ -124,13 +135,15 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_forward_cpu(
 // shape (the gradient with respect to the weights as free variables, at every position); an
 // empty tensor otherwise. stat: the log-sum-exp (alpha == 1) or τ; support_value: U for a
 // sparse normalizer, undefined for softmax. grad_attn_weights: a gradient arriving at the
-// returned weights (which must then be given), added into the backward.
+// returned weights (which must then be given), added into the backward. dropout: the
+// forward's, whose mask the backward makes again.
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& stat, const std::optional<Tensor>& weights,
     bool grad_mask, bool grad_weights, bool bf16_operands, double alpha,
-    const Tensor& support_value, const std::optional<Tensor>& grad_attn_weights) {
+    const Tensor& support_value, const std::optional<Tensor>& grad_attn_weights,
+    const cpu::Dropout& dropout) {
   auto batch = checks::sdpa_inputs(query, key, value, attn_mask, scale);
   const int64_t len_q = query.size(-2), len_k = key.size(-2);
   const int64_t dim_qk = query.size(-1), dim_v = value.size(-1);
@@ -159,7 +172,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
         sdpa_backward_impl(wide[0], wide[1], wide[2], wide[3], attn_mask, is_causal, scale,
                            wide[4], stat, weights32, grad_mask, grad_weights,
                            alpha == 1 && bf16_products(query), alpha, support_value,
-                           weights_grad32);
+                           weights_grad32, dropout);
     const auto dtype = query.scalar_type();
     const bool mask_grad = grad_mask && attn_mask && attn_mask->defined();
     return {dq.to(dtype), dk.to(dtype), dv.to(dtype), mask_grad ? dmask : dmask.to(dtype),
@@ -183,6 +196,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_impl(
     PreparedProblem<scalar_t> prepared(query, key, value, attn_mask, is_causal, scale, batch);
     prepared.problem.bf16_operands = bf16_operands;
     prepared.problem.alpha = alpha;
+    prepared.problem.dropout = dropout;
     std::vector<int64_t> grad_offsets;
     const Tensor grad_rows = rows_contiguous(grad_output);
     const auto grad = batched_rows<scalar_t>(grad_rows, batch, grad_offsets);
@@ -207,10 +221,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const Tensor& grad_output, const Tensor& query, const Tensor& key, const Tensor& value,
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
-    bool grad_mask, bool grad_weights, const std::optional<Tensor>& grad_attn_weights) {
+    bool grad_mask, bool grad_weights, const std::optional<Tensor>& grad_attn_weights,
+    double dropout_p, int64_t dropout_seed) {
   return sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
                             logsumexp, weights, grad_mask, grad_weights, false, 1, Tensor(),
-                            grad_attn_weights);
+                            grad_attn_weights, dropout_of(dropout_p, dropout_seed));
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
@@ -218,12 +233,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& tau, const Tensor& support_value, double alpha,
     const std::optional<Tensor>& weights, bool grad_mask,
-    const std::optional<Tensor>& grad_attn_weights) {
+    const std::optional<Tensor>& grad_attn_weights, double dropout_p, int64_t dropout_seed) {
   checks::sparse_alpha(alpha);
   auto [dq, dk, dv, dmask, unused] =
       sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
                          tau, weights, grad_mask, false, false, alpha, support_value,
-                         grad_attn_weights);
+                         grad_attn_weights, dropout_of(dropout_p, dropout_seed));
   return {dq, dk, dv, dmask};
 }
 
@@ -262,14 +277,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_call(const Tensor& query, con
                                                         const std::optional<Tensor>& attn_mask,
                                                         bool is_causal,
                                                         std::optional<double> scale,
-                                                        bool need_weights, double alpha) {
+                                                        bool need_weights, double alpha,
+                                                        double dropout_p, int64_t dropout_seed) {
   if (alpha == 1) {
-    auto [output, lse, weights] =
-        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights);
+    auto [output, lse, weights] = forward_op().call(query, key, value, attn_mask, is_causal,
+                                                    scale, need_weights, dropout_p, dropout_seed);
     return {output, lse, weights, Tensor()};
   }
-  auto [output, tau, support_value, weights] = sparse_forward_op().call(
-      query, key, value, attn_mask, is_causal, scale, need_weights, alpha);
+  auto [output, tau, support_value, weights] =
+      sparse_forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights,
+                               alpha, dropout_p, dropout_seed);
   return {output, tau, weights, support_value};
 }
 
@@ -306,12 +323,14 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
                                                 const std::optional<Tensor>& attn_mask,
                                                 bool is_causal, std::optional<double> scale,
                                                 bool need_weights, bool keep_probs,
-                                                double alpha) {
+                                                double alpha, double dropout_p,
+                                                int64_t dropout_seed) {
     // Straight to the CPU (or CUDA) kernel: autograd is this function, so the boxed autograd
     // and view fallbacks of the forward operator are skipped.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [output, stat, weights, support_value] = forward_call(
-        query, key, value, attn_mask, is_causal, scale, need_weights || keep_probs, alpha);
+    auto [output, stat, weights, support_value] =
+        forward_call(query, key, value, attn_mask, is_causal, scale, need_weights || keep_probs,
+                     alpha, dropout_p, dropout_seed);
     // With need_weights the weights exist anyway: the backward reads them instead of
     // recomputing the probabilities.
     ctx->save_for_backward({query, key, value, output, stat, attn_mask.value_or(Tensor()),
@@ -325,6 +344,9 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["alpha"] = alpha;
+    // The backward makes the dropout mask again from the seed instead of keeping it.
+    ctx->saved_data["dropout_p"] = dropout_p;
+    ctx->saved_data["dropout_seed"] = dropout_seed;
     // No zero-filled [..., L_q, L_k] gradient for the weights: backward takes undefined grads.
     ctx->set_materialize_grads(false);
     return {output, weights};
@@ -336,7 +358,7 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     const auto optional = [](const Tensor& t) {
       return t.defined() ? std::optional<Tensor>(t) : std::nullopt;
     };
-    torch::autograd::variable_list result(9);
+    torch::autograd::variable_list result(11);
     const auto weights_grad = optional(grads[1]);
     if (!grads[0].defined() && !weights_grad) return result;
     TORCH_CHECK_NOT_IMPLEMENTED(!weights_grad || saved[0].device().is_cpu(), kSdpa,
@@ -354,16 +376,19 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     const bool is_causal = ctx->saved_data["is_causal"].toBool();
     const auto scale = ctx->saved_data["scale"].toOptional<double>();
     const double alpha = ctx->saved_data["alpha"].toDouble();
+    const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
+    const int64_t dropout_seed = ctx->saved_data["dropout_seed"].toInt();
     Tensor dq, dk, dv, dmask;
     if (alpha == 1) {
       std::tie(dq, dk, dv, dmask, std::ignore) = backward_op().call(
           grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
           saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false,
-          weights_grad);
+          weights_grad, dropout_p, dropout_seed);
     } else {
       std::tie(dq, dk, dv, dmask) = sparse_backward_op().call(
           grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
-          saved[3], saved[4], saved[7], alpha, optional(saved[6]), mask_grad, weights_grad);
+          saved[3], saved[4], saved[7], alpha, optional(saved[6]), mask_grad, weights_grad,
+          dropout_p, dropout_seed);
     }
     result[0] = dq;
     result[1] = dk;
@@ -400,21 +425,30 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
                                           const std::optional<Tensor>& attn_mask,
                                           bool is_causal, std::optional<double> scale,
                                           bool need_weights, c10::string_view normalizer,
-                                          std::optional<double> alpha) {
+                                          std::optional<double> alpha, double dropout_p) {
   checks::sdpa_kinds(query, key, value, attn_mask, scale);
   const double a = normalizer_alpha(normalizer, alpha);
+  checks::dropout(dropout_p);
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0 || query.device().is_cpu(), kSdpa,
+                              ": dropout_p > 0 runs in the CPU kernels only; the query is on ",
+                              query.device());
+  // Each call with dropout draws its seed from torch's default generator, as torch's dropout
+  // draws its mask: torch.manual_seed reproduces it.
+  const int64_t seed =
+      dropout_p > 0 ? at::empty({}, at::kLong).random_().item<int64_t>() : int64_t(0);
   if (!records_graph(query, key, value, attn_mask)) {
     // Nothing for autograd to record: the forward operator alone, without the autograd
     // function's node, context and output wrapping.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [output, stat, weights, support_value] =
-        forward_call(query, key, value, attn_mask, is_causal, scale, need_weights, a);
+    auto [output, stat, weights, support_value] = forward_call(
+        query, key, value, attn_mask, is_causal, scale, need_weights, a, dropout_p, seed);
     return {output, need_weights ? weights : at::empty({0}, output.options())};
   }
-  // The kept probabilities pay at softmax's small shapes; the sparse normalizers recompute them
-  // from τ.
-  auto outs = SdpaFunction::apply(query, key, value, attn_mask, is_causal, scale, need_weights,
-                                  a == 1 && keep_probabilities(query, key, value), a);
+  // The kept probabilities pay at softmax's small shapes without dropout (with it the weights
+  // are P ⊙ D, and the backward recomputes P); the sparse normalizers recompute them from τ.
+  auto outs = SdpaFunction::apply(
+      query, key, value, attn_mask, is_causal, scale, need_weights,
+      a == 1 && dropout_p == 0 && keep_probabilities(query, key, value), a, dropout_p, seed);
   return {outs[0], outs[1]};
 }
 
@@ -499,16 +533,34 @@ SummaryTensors sdpa_summaries_cpu(const Tensor& query, const Tensor& key, const 
   return {output, received_t, entropy_t, topk_w, topk_i, pooled_t, to_t};
 }
 
+// attnlab::_dropout_mask: the D that dropout of probability dropout_p from dropout_seed
+// multiplies the weights by (0, or 1/(1 − dropout_p) where kept), at the shape of `like`
+// [..., L_q, L_k] and in its dtype, its leading dimensions flattened as the kernels number their
+// batch entries: a reference for tests.
+Tensor dropout_mask(const Tensor& like, double dropout_p, int64_t dropout_seed) {
+  TORCH_CHECK(like.dim() >= 2 && at::isFloatingType(like.scalar_type()),
+              "attnlab._dropout_mask: like must be a floating-point tensor [..., L_q, L_k], got ",
+              like.scalar_type(), " of shape ", like.sizes());
+  const cpu::Dropout dropout = dropout_of(dropout_p, dropout_seed);
+  Tensor mask = at::ones(like.sizes(), like.options().dtype(at::kDouble).device(at::kCPU));
+  const int64_t cols = like.size(-1), rows = cols > 0 ? mask.numel() / cols : 0;
+  cpu::dropout_rows(dropout, 0, 0, mask.data_ptr<double>(), rows, cols, cols,
+                    dropout.kept_scale());
+  return mask.to(like.options());
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> scaled_dot_product_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const std::optional<at::Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-    bool need_weights, std::string_view normalizer, std::optional<double> alpha) {
+    bool need_weights, std::string_view normalizer, std::optional<double> alpha,
+    double dropout_p) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("attnlab::scaled_dot_product_attention", "")
                        .typed<decltype(sdpa_composite)>();
-  return op.call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha);
+  return op.call(query, key, value, attn_mask, is_causal, scale, need_weights, normalizer, alpha,
+                 dropout_p);
 }
 
 }  // namespace attnlab
@@ -519,28 +571,28 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask=None, bool is_causal=False, float? scale=None, "
-      "bool need_weights=False, str normalizer=\"softmax\", float? alpha=None) "
-      "-> (Tensor output, Tensor weights)");
+      "bool need_weights=False, str normalizer=\"softmax\", float? alpha=None, "
+      "float dropout_p=0.0) -> (Tensor output, Tensor weights)");
   m.def(
       "_sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
-      "bool is_causal, float? scale, bool need_weights) "
-      "-> (Tensor output, Tensor logsumexp, Tensor weights)");
+      "bool is_causal, float? scale, bool need_weights, float dropout_p=0.0, "
+      "int dropout_seed=0) -> (Tensor output, Tensor logsumexp, Tensor weights)");
   m.def(
       "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp, "
       "Tensor? weights=None, bool grad_mask=False, bool grad_weights=False, "
-      "Tensor? grad_attn_weights=None) "
+      "Tensor? grad_attn_weights=None, float dropout_p=0.0, int dropout_seed=0) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask, "
       "Tensor grad_weights)");
   m.def(
       "_sparse_sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
-      "bool is_causal, float? scale, bool need_weights, float alpha) "
-      "-> (Tensor output, Tensor tau, Tensor support_value, Tensor weights)");
+      "bool is_causal, float? scale, bool need_weights, float alpha, float dropout_p=0.0, "
+      "int dropout_seed=0) -> (Tensor output, Tensor tau, Tensor support_value, Tensor weights)");
   m.def(
       "_sparse_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor tau, "
       "Tensor support_value, float alpha, Tensor? weights=None, bool grad_mask=False, "
-      "Tensor? grad_attn_weights=None) "
+      "Tensor? grad_attn_weights=None, float dropout_p=0.0, int dropout_seed=0) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask)");
   m.def(
       "_sdpa_summaries(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
@@ -548,6 +600,7 @@ TORCH_LIBRARY(attnlab, m) {
       "bool entropy, int topk, int pool, int[] to) "
       "-> (Tensor output, Tensor received, Tensor entropy, Tensor topk_weights, "
       "Tensor topk_indices, Tensor pooled, Tensor to_weights)");
+  m.def("_dropout_mask(Tensor like, float dropout_p, int dropout_seed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attnlab, CompositeImplicitAutograd, m) {
@@ -560,4 +613,5 @@ TORCH_LIBRARY_IMPL(attnlab, CPU, m) {
   m.impl("_sparse_sdpa_forward", &attnlab::sparse_forward_cpu);
   m.impl("_sparse_sdpa_backward", &attnlab::sparse_backward_cpu);
   m.impl("_sdpa_summaries", &attnlab::sdpa_summaries_cpu);
+  m.impl("_dropout_mask", &attnlab::dropout_mask);
 }

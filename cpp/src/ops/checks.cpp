@@ -273,6 +273,11 @@ void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t nu
 
 namespace attnlab::checks {
 
+void dropout(double dropout_p) {
+  TORCH_CHECK(std::isfinite(dropout_p) && dropout_p >= 0 && dropout_p < 1, kSdpa,
+              ": dropout_p must be a probability in [0, 1), got ", dropout_p);
+}
+
 void sparse_alpha(double alpha) {
   TORCH_CHECK(std::isfinite(alpha) && alpha > 1, kSdpa,
               ": alpha must be a finite number > 1 (2 is sparsemax, 1.5 entmax-1.5; alpha -> 1 "

@@ -46,6 +46,8 @@ void encoder_block_inputs(const at::Tensor& x, at::TensorList params, int64_t nu
 
 namespace attnlab::checks {
 
+// dropout_p in [0, 1).
+void dropout(double dropout_p);
 // The α of a sparse normalizer: a finite number > 1.
 void sparse_alpha(double alpha);
 

@@ -25,11 +25,12 @@ that accepts ``attn_implementation`` runs every attention layer through
 - **Grouped-query attention** runs without repeating keys and values: the query heads of one
   group see the same key/value head through broadcasting (query head ``h`` uses key/value head
   ``h // (num_heads // num_kv_heads)``, as in transformers' ``repeat_kv``).
-- **Dropout on the attention weights is not supported**: a model in training mode with an
-  attention dropout probability above 0 raises ``ValueError`` (set that probability to 0, or use
-  ``model.eval()``). Other features the operator lacks (soft-capping, attention sinks, position
-  biases, paged caches, flash-attention packing arguments) and keyword arguments this backend
-  does not know raise as well, rather than being ignored.
+- **Dropout on the attention weights** (a model in training mode) runs inside attnlab's kernel,
+  with the model's probability, its mask drawn from torch's generator; the attentions returned
+  are the weights after dropout, as eager's are.
+- Features the operator lacks (soft-capping, attention sinks, position biases, paged caches,
+  flash-attention packing arguments) and keyword arguments this backend does not know raise,
+  rather than being ignored.
 - A query row whose keys are all masked (e.g. left padding in a causal model) gets what
   ``"eager"`` gives it: uniform weights over all keys, and eager's gradients. transformers'
   shifted loss reads the logits at the last such position, so padded training gives eager's
@@ -175,7 +176,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             ``H`` a multiple of ``H_kv`` (grouped-query attention).
         attention_mask: ``None``, or a mask broadcastable to ``[B, H, L_q, L_k]``: boolean
             (``True`` = may attend) or floating point (added to the scores).
-        dropout: attention dropout probability; must be 0 (``ValueError`` otherwise).
+        dropout: attention dropout probability (models pass it in training mode), applied to
+            the weights inside attnlab's kernel as eager applies it; the weights returned are
+            those after dropout, as eager's are.
         scaling: multiplies the scores; ``1/sqrt(D)`` when ``None``.
         is_causal: whether the layer is causal (default ``module.is_causal``, else ``True``);
             used only when ``attention_mask`` is ``None`` and ``L_q > 1``, as transformers'
@@ -193,13 +196,6 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         ``(output [B, L_q, H, D_v], weights [B, H, L_q, L_k] or None)``.
     """
     _check_kwargs(module, kwargs)
-    if dropout:
-        raise ValueError(
-            f"attn_implementation='{NAME}': {type(module).__name__} asks for attention dropout "
-            f"with p={dropout} (the model is in training mode), and attnlab's attention has no "
-            "dropout; set the model's attention dropout probability to 0 in its config "
-            "(attention_probs_dropout_prob, attn_pdrop, attention_dropout, ... depending on the "
-            "model), or call model.eval()")
     if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
         raise ValueError(f"attn_implementation='{NAME}': query, key and value must be "
                          f"[batch, heads, length, head_dim], got {tuple(query.shape)}, "
@@ -226,7 +222,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # group of query heads by broadcasting.
     output, weights = functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask, is_causal=causal, scale=scaling,
-        need_weights=need_weights, normalizer=normalizer, alpha=alpha, enable_gqa=True)
+        need_weights=need_weights, normalizer=normalizer, alpha=alpha,
+        dropout_p=float(dropout or 0.0), enable_gqa=True)
     return output.transpose(1, 2).contiguous(), weights
 
 

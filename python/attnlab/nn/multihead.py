@@ -40,12 +40,19 @@ class MultiheadAttention(nn.Module):
             ``"sparsemax"``, ``"entmax15"`` or ``"entmax"`` (with ``alpha``). The sparse ones
             give keys exactly zero weight.
         alpha: the α of ``normalizer="entmax"`` (a finite number > 1); only with ``"entmax"``.
+        dropout: dropout on the attention weights in training mode, in ``[0, 1)`` (as
+            ``torch.nn.MultiheadAttention``'s ``dropout``), inside the fused kernel; the weights
+            ``return_attention`` gives are then the ones used, after dropout.
     """
 
     def __init__(self, input_dim: int, embed_dim: int, num_heads: int,
-                 normalizer: str = "softmax", alpha: float | None = None):
+                 normalizer: str = "softmax", alpha: float | None = None,
+                 dropout: float = 0.0):
         super().__init__()
         check_normalizer(normalizer, alpha)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) \
+                or not 0 <= dropout < 1:
+            raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
         for name, value in (("input_dim", input_dim), ("embed_dim", embed_dim),
                             ("num_heads", num_heads)):
             if not isinstance(value, int):
@@ -61,6 +68,7 @@ class MultiheadAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.normalizer = normalizer
         self.alpha = alpha
+        self.dropout = float(dropout)
         self.qkv_proj = nn.Linear(input_dim, 3 * embed_dim)
         self.o_proj = nn.Linear(embed_dim, embed_dim)
         self._reset_parameters()
@@ -103,7 +111,8 @@ class MultiheadAttention(nn.Module):
             raise ValueError("summary= replaces the weights: pass return_attention=False with it")
         values, attention = scaled_dot_product_attention(
             q, k, v, attn_mask=_heads_mask(mask, batch, length), need_weights=return_attention,
-            normalizer=self.normalizer, alpha=self.alpha, summary=summary)
+            normalizer=self.normalizer, alpha=self.alpha,
+            dropout_p=self.dropout if self.training else 0.0, summary=summary)
         values = values.permute(0, 2, 1, 3).reshape(batch, length, self.embed_dim)
         out = self.o_proj(values)
         return (out, attention) if return_attention or summary is not None else out

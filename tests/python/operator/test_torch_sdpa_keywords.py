@@ -73,15 +73,18 @@ def test_enable_gqa_with_heads_that_do_not_divide_is_named():
         attnlab.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
-def test_dropout_p_zero_is_accepted_and_any_other_value_refused():
+def test_dropout_p_zero_changes_nothing_and_bad_values_are_named():
     q, k, v = _grouped_inputs(heads=2)
     plain, _ = attnlab.scaled_dot_product_attention(q, k, v)
     out, _ = attnlab.scaled_dot_product_attention(q, k, v, dropout_p=0.0)
     assert torch.equal(plain, out)
-    with pytest.raises(NotImplementedError, match="dropout_p=0.1"):
-        attnlab.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+    out, _ = attnlab.scaled_dot_product_attention(q, k, v, dropout_p=0)
+    assert torch.equal(plain, out)
     with pytest.raises(TypeError, match="dropout_p must be a number"):
         attnlab.scaled_dot_product_attention(q, k, v, dropout_p="0.1")
+    for bad in (1.0, -0.1, float("nan"), 1.5):
+        with pytest.raises(ValueError, match=r"dropout_p must be a probability in \[0, 1\)"):
+            attnlab.scaled_dot_product_attention(q, k, v, dropout_p=bad)
 
 
 @pytest.mark.parametrize("argument,value,message", [

@@ -375,11 +375,14 @@ const T* mask_block(const AttentionProblem<T>& p, int64_t b, int64_t i0, int64_t
   return p.mask.data ? p.mask.row(b, i0) + j0 : nullptr;
 }
 
-// Per row: output /= sum, and row_normalizers.
+// Per row: output *= kept / sum, and row_normalizers (kept: dropout's 1/(1 − p), or 1).
 template <typename T>
 void finish_rows(T* x, int64_t rows, int64_t cols, int64_t ld, const T* row_max,
-                 const T* row_sum, T* inv_sum, T* lse) {
+                 const T* row_sum, T* inv_sum, T* lse, T kept) {
   row_normalizers(rows, row_max, row_sum, inv_sum, lse);
+  if (kept != T(1)) {
+    for (int64_t r = 0; r < rows; ++r) inv_sum[r] *= kept;
+  }
   scale_rows(x, rows, cols, ld, inv_sum);
 }
 
@@ -474,6 +477,11 @@ void forward_with_weights(const AttentionProblem<T>& p, const PackedHead& packed
   online_softmax_block(w, rows, kv_end, p.len_k, mask_block(p, b, i0, 0), p.mask.row_stride,
                        visible_base(p, i0, 0), row_max, row_sum, scratch,
                        maxima ? known_max : nullptr, row_dot);
+  // The sums are the undropped rows': the weights returned and multiplied are P ⊙ D.
+  if (p.dropout.active()) {
+    dropout_rows(p.dropout, b * p.len_q + i0, 0, w, rows, kv_end, p.len_k,
+                 T(p.dropout.kept_scale()));
+  }
   // On bfloat16 operands P·V also takes exp(s − max) before the normalization, as the online
   // path and torch's kernel do: a row's largest term is then 1, exact in bfloat16, where
   // rounding the normalized weight of a peaked row would cost its dominant term a rounding
@@ -580,12 +588,23 @@ void forward_online(const AttentionProblem<T>& p, const PackedHead& packed, int6
         online_softmax_block(s, g, g_cols, kForwardKeyBlock, mask, p.mask.row_stride, visible,
                              row_max + r0, row_sum + r0, correction + r0, maxima);
       }
+      // Dropped weights leave P·V after their row sums; the kept ones' 1/(1 − p) comes with
+      // the sums (finish_rows).
+      if (p.dropout.active()) {
+        if (p16 != nullptr) {
+          dropout_rows(p.dropout, b * p.len_q + i0 + r0, j0, p16, g, g_cols, kForwardKeyBlock);
+        } else {
+          dropout_rows(p.dropout, b * p.len_q + i0 + r0, j0, s, g, g_cols, kForwardKeyBlock,
+                       T(1));
+        }
+      }
       if (j0 > 0) scale_rows(o, g, p.dim_v, p.dim_v, correction + r0);
       values_gemm(p, packed, b, g, j0, g_cols, s, p16, kForwardKeyBlock, j0 > 0 ? T(1) : T(0),
                   o, skip ? visible : kAllVisible);
     }
   }
-  finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse);
+  finish_rows(out, rows, p.dim_v, p.dim_v, row_max, row_sum, correction, lse,
+              p.dropout.active() ? T(p.dropout.kept_scale()) : T(1));
 }
 
 // Per thread, for a sparse normalizer's forward: a query block's scores (unless they go
@@ -608,6 +627,23 @@ struct SparseBlock {
   std::vector<int64_t> start, count;
   std::vector<int8_t> state;
 };
+
+// Dropout on the support lists of rows row0 + r: p and s/Σs of dropped keys become zeros (they
+// stay in the lists), kept ones are scaled by 1/(1 − p).
+template <typename T>
+void dropout_lists(const Dropout& d, int64_t row0, int64_t rows, const SupportLists<T>& lists) {
+  const uint32_t threshold = d.threshold();
+  const T kept = T(d.kept_scale());
+  for (int64_t r = 0; r < rows; ++r) {
+    if (lists.state[r] != kRowValues) continue;
+    const uint32_t key = dropout_row_key(d.seed, row0 + r);
+    for (int64_t e = lists.start[r], end = e + lists.count[r]; e < end; ++e) {
+      const T factor = dropout_hash(key, lists.index[e]) >= threshold ? kept : T(0);
+      lists.p[e] *= factor;
+      lists.s[e] *= factor;
+    }
+  }
+}
 
 // A query block under a sparse normalizer: whole rows of scores, their thresholds (tau), then
 // P·V into out and S·V/ΣS into u, over the support lists when they are short, else as dense
@@ -640,6 +676,11 @@ void forward_sparse(const AttentionProblem<T>& p, const SparseNormalizer& nz,
     T* sup = weights ? sb.dense_s.data() : x + rows * ld;
     sparse_forward_rows_dense(x, ldx, sup, ld, rows, kv_end, mask, p.mask.row_stride, visible,
                               nz, tau, sb.scratch());
+    if (p.dropout.active()) {  // P ⊙ D and (S/ΣS) ⊙ D
+      const T kept = T(p.dropout.kept_scale());
+      dropout_rows(p.dropout, b * p.len_q + i0, 0, x, rows, kv_end, ldx, kept);
+      dropout_rows(p.dropout, b * p.len_q + i0, 0, sup, rows, kv_end, ld, kept);
+    }
     if (weights) {
       for (int64_t r = 0; r < rows; ++r) std::fill(x + r * ldx + kv_end, x + (r + 1) * ldx, T(0));
       products(x, ldx, sup);
@@ -655,6 +696,7 @@ void forward_sparse(const AttentionProblem<T>& p, const SparseNormalizer& nz,
   const SupportLists<T> lists = sb.lists();
   const int64_t nonzeros = sparse_forward_rows(x, ldx, rows, kv_end, mask, p.mask.row_stride,
                                                visible, nz, tau, sb.scratch(), lists);
+  if (p.dropout.active()) dropout_lists(p.dropout, b * p.len_q + i0, rows, lists);
   if (weights) sparse_dense_rows(lists, rows, p.len_k, x, ldx, false);
   if (nonzeros * kDenseFactor > rows * kv_end) {
     sb.dense_s.resize(rows * ld);
@@ -767,7 +809,8 @@ bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
 
 template <typename T>
 bool attention_is_small(const AttentionProblem<T>& p) {
-  return p.alpha == 1 && p.len_q > 0 && p.len_k > 0 && small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
+  return p.alpha == 1 && p.len_q > 0 && p.len_k > 0 && !p.dropout.active() &&
+         small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
          p.len_q <= kSmallBackwardMaxRows && p.narrow == AttentionProblem<T>::Narrow::none;
 }
 
@@ -809,8 +852,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                          : forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers. The
-  // summaries take the blocked path at every size.
-  const bool small = p.len_k > 0 && summaries == nullptr &&
+  // summaries and dropout take the blocked path at every size.
+  const bool small = p.len_k > 0 && summaries == nullptr && !p.dropout.active() &&
                      small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
   TORCH_CHECK(output16 == nullptr || (!small && p.narrow != AttentionProblem<T>::Narrow::none &&
                                       f32_gemm_available() && !sparse),
@@ -940,11 +983,21 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
   TORCH_CHECK(weights_grad == nullptr || weights != nullptr,
               "attention_backward: a gradient of the weights needs the forward's weights");
+  const bool dropout = p.dropout.active();
+  // The weights' gradient adds Σ_j s_ij·D_ij·G_ij / Σ_j s_ij to a sparse row term, whose Σ s
+  // runs over the dropped keys too: the returned weights P ⊙ D do not hold it.
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      !(dropout && sparse && weights_grad != nullptr),
+      "attnlab.scaled_dot_product_attention: a loss on the weights of a sparse normalizer "
+      "with dropout_p > 0 is not differentiated; detach the weights, or use dropout_p=0");
+  // With dropout the forward's weights are P ⊙ D: the blocks recompute P, and read the weights
+  // only for the softmax row term of a gradient at them (Σ_j P_ij·D_ij·G_ij).
+  const T* probs_kept = dropout ? nullptr : weights;
   // Every key in one vector: one register-resident pass per batch entry, which writes every
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
   // about as much as the kernel's arithmetic). A gradient of the weights takes the blocked
   // path (the small kernels keep dP in registers).
-  const bool small = weights_grad == nullptr &&
+  const bool small = weights_grad == nullptr && !dropout &&
                      (sparse ? p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
                                    small_sparse_fits<T>(p.alpha, p.len_k, E, Ev) && !grad_weights
                              : attention_is_small(p));
@@ -1030,8 +1083,10 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
 
   parallel_tasks(p.batch * chunks, [&](const auto& next_task) {
     SequentialBlasScope sequential_blas;
-    AlignedVector<T> probs(weights ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
+    AlignedVector<T> probs(probs_kept ? 0 : kBackwardQueryBlock * kBackwardKeyBlock);
     AlignedVector<T> dprobs(kBackwardQueryBlock * kBackwardKeyBlock);
+    // With dropout: P ⊙ D, which dV takes.
+    AlignedVector<T> dropped(dropout ? kBackwardQueryBlock * kBackwardKeyBlock : 0);
     // A sparse normalizer's s = p^{2−α}, which takes P's place in dS.
     AlignedVector<T> support(sparse ? kBackwardQueryBlock * kBackwardKeyBlock : 0);
     constexpr int64_t ld = kBackwardKeyBlock;
@@ -1138,8 +1193,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           const T* probs_ij = probs.data();
           int64_t ld_probs = ld;
           int64_t nonzeros = rows * vis;
-          if (weights) {
-            probs_ij = weights + (b * p.len_q + i0) * p.len_k + j0;
+          if (probs_kept) {
+            probs_ij = probs_kept + (b * p.len_q + i0) * p.len_k + j0;
             ld_probs = p.len_k;
             if (sparse) {
               nonzeros = sparse_support_from_probs(probs_ij, ld_probs, support.data(), ld, rows,
@@ -1162,8 +1217,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           // A sparse block without non-zero p adds nothing; with few, its gradients go entry by
           // entry instead of four dense products (both only where dP is not wanted whole).
           if (nonzeros == 0 && !grad_weights) continue;
-          const bool by_entry =
-              sparse && !grad_weights && nonzeros * kSparseBackwardFactor < rows * vis;
+          const bool by_entry = sparse && !grad_weights && !dropout &&
+                                nonzeros * kSparseBackwardFactor < rows * vis;
           const T beta_kv = written > 0 ? T(1) : T(0);
           if ((written > 0 || by_entry) && vis > written) zero_rows(written, vis);
           written = std::max(written, vis);
@@ -1181,8 +1236,20 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                                   p.len_k);
             continue;
           }
-          // dV_j += Pᵀ·dO_i
-          rows_product(true, vis, Ev, rows, T(1), probs_ij, ld_probs, dout,
+          // dV_j += (P ⊙ D)ᵀ·dO_i
+          const T* used_ij = probs_ij;
+          int64_t ld_used = ld_probs;
+          if (dropout) {
+            for (int64_t r = 0; r < rows; ++r) {
+              std::copy(probs_ij + r * ld_probs, probs_ij + r * ld_probs + vis,
+                        dropped.data() + r * ld);
+            }
+            dropout_rows(p.dropout, b * p.len_q + i0, j0, dropped.data(), rows, vis, ld,
+                         T(p.dropout.kept_scale()));
+            used_ij = dropped.data();
+            ld_used = ld;
+          }
+          rows_product(true, vis, Ev, rows, T(1), used_ij, ld_used, dout,
                        grad_output.row_stride, beta_kv, dv, Ev);
           // dP = dO_i·V_jᵀ, then dS = P ⊙ (dP − delta)
           product(values_t.data(), cols, Ev, true, rows, vis, Ev, T(1), dout,
@@ -1200,6 +1267,11 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
               T* dp = dprobs.data() + r * ld;
               for (int64_t c = 0; c < vis; ++c) dp[c] += g[r * p.len_k + c];
             }
+          }
+          // The gradient at P is D ⊙ (the gradient at the weights used).
+          if (dropout) {
+            dropout_rows(p.dropout, b * p.len_q + i0, j0, dprobs.data(), rows, vis, ld,
+                         T(p.dropout.kept_scale()));
           }
           softmax_grad_block(sparse ? support.data() : probs_ij, sparse ? ld : ld_probs,
                              dprobs.data(), ld, rows, vis, delta.data() + b * p.len_q + i0);

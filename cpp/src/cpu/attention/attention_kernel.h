@@ -15,6 +15,7 @@
 
 #include <cstdint>
 
+#include "cpu/attention/dropout.h"
 #include "cpu/attention/weight_summary.h"
 
 namespace attnlab::cpu {
@@ -51,6 +52,11 @@ struct AttentionProblem {
   // then round their operands to bfloat16 (exact for Q, K, V and dO; P and dS rounded, as in
   // torch's bfloat16 kernels) and run on the CPU's bfloat16 dot products where it has them.
   bool bf16_operands = false;
+  // Dropout on the weights (dropout.h): P·V takes P ⊙ D, D = keep/(1 − p) from the hash of
+  // (seed, b·len_q + i, j); the backward remakes D. The returned weights are P ⊙ D, the ones
+  // used. With it the blocked paths run at every size, and a sparse normalizer's U is
+  // (S ⊙ D)·V/ΣS, so that δ = dO·U stays the row term.
+  Dropout dropout;
   // float16 or bfloat16 inputs that attention_forward widens itself, one batch entry at a time
   // into per-thread buffers that stay in cache (T = float only, and only where
   // forward_widens_heads holds): query16/key16/value16 then hold the inputs' bits and
@@ -88,9 +94,11 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
 // gradient of the scores, which an additive mask receives unchanged). row_values and row_stat
 // are the forward's: its output and log-sum-exp for softmax, U and τ for a sparse normalizer
 // (δ = dO·row_values in both). weights, when not null, are its normalized weights
-// [batch, len_q, len_k], used instead of recomputing them. grad_weights, when not null, receives the gradient with
-// respect to the weights taken as free variables, dP = grad_output·valueᵀ [batch, len_q,
-// len_k], at every position: masked ones and those the causal mask hides included.
+// [batch, len_q, len_k], used instead of recomputing them (with dropout they are P ⊙ D, and
+// only a softmax gradient of the weights reads them). grad_weights, when not null, receives
+// the gradient with respect to the weights taken as free variables, dP = grad_output·valueᵀ
+// [batch, len_q, len_k], at every position: masked ones and those the causal mask hides
+// included.
 // weights_grad, when not null (and then weights too), is a gradient arriving at the returned
 // weights [batch, len_q, len_k]: it is added to dP before the normalizer's Jacobian, so the
 // other gradients are those of a loss on the output and the weights together.

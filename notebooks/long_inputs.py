@@ -26,18 +26,25 @@
 # - each query's **top-k** keys;
 # - a **pooled** map: the mean weight in each block of 256 × 256 tokens.
 #
+# At the end, `attnlab.viz.summary_view` puts all of it in one interactive page, with the exact
+# weights of a few blocks of the pooled map.
+#
 # `ATTNLAB_NOTEBOOK_SMALL=1` runs 1,024 tokens instead and checks the summaries against
 # transformers' own eager attention (the tests run it that way).
 
 # %%
 # Parameters
 import os
+from pathlib import Path
 
 SMALL = os.environ.get("ATTNLAB_NOTEBOOK_SMALL") == "1"
+OUT = Path(os.environ.get("ATTNLAB_NOTEBOOK_OUT",
+                          "runs/notebook-long-inputs" + ("-small" if SMALL else "")))
 LENGTH = 1024 if SMALL else 16384    # tokens
 POOL = LENGTH // 64                  # a 64 × 64 pooled map per head
 TOPK = 8
 SEED = 0
+OUT.mkdir(parents=True, exist_ok=True)
 
 # %%
 # %matplotlib inline
@@ -82,12 +89,15 @@ print(f"eager output_attentions needs at least {gib(needed):.1f} GiB; "
 # ## Every layer's summaries, in one forward pass
 #
 # `summarize` collects the summaries of every attention call made inside it; the model runs as
-# usual (no `output_attentions`), and no call holds its L × L weights.
+# usual (no `output_attentions`), and no call holds its L × L weights. `keep_inputs=True` also
+# keeps each layer's query and key (references to the model's own tensors, 2 × 16 MiB per layer
+# here), from which the exact weights of any block can be recomputed later.
 
 # %%
 peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 started = time.perf_counter()
-with torch.no_grad(), summarize(received=True, entropy=True, topk=TOPK, pool=POOL) as s:
+with torch.no_grad(), summarize(received=True, entropy=True, topk=TOPK, pool=POOL,
+                                keep_inputs=True) as s:
     out = model(input_ids=ids)
 seconds = time.perf_counter() - started
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
@@ -172,3 +182,32 @@ axes[-1].set_title("query − its top key")
 axes[-1].set_xlabel("tokens back")
 plt.tight_layout()
 plt.show()
+
+
+# %% [markdown]
+# ## All of it in one page
+#
+# `attnlab.viz.summary_view` draws the summaries as one self-contained HTML page (it loads nothing
+# from the network): the pooled map per layer and head, the attention received and the entropy
+# along the sequence (drag to zoom into positions, hover to read a position's values), each head's
+# mean entropy, and the top-k keys of a query as arcs (pick it with the slider or a click).
+# Clicking a block of the pooled map shows its exact POOL × POOL weights when the page carries
+# them: they are recomputed for those blocks only, from the inputs `keep_inputs=True` kept
+# (`s.block_weights(layer, batch, head, q_block, k_block)`). Here: each head's two most attended
+# blocks off the diagonal (`"auto"`), and in layer 0, head 0 the last queries against the first
+# keys and against their own block's neighbour.
+
+# %%
+from attnlab import viz
+
+last = LENGTH // POOL - 1
+tokens = [f"#{token}" for token in ids[0].tolist()]     # the (random) token ids as labels
+view = viz.summary_view(s, tokens, zoom=["auto", (0, 0, last, 0), (0, 0, last, last - 1)],
+                        title=f"A random Llama-style model over {LENGTH:,} tokens")
+path = view.save(OUT / "long_inputs.html")
+print(f"{path}: {path.stat().st_size / 1e6:.1f} MB")
+if SMALL:  # a recomputed block is the same block of eager's weights
+    block = s.block_weights(0, 0, 0, last, 0)
+    print("block (last, 0) against eager's weights:",
+          f"{(block - maps[0][0, 0, last * POOL:, :POOL]).abs().max().item():.1e}")
+view

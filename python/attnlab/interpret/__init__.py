@@ -11,7 +11,9 @@ turn the maps into relevance.
 - :func:`explain`: one call from a model to its relevance.
 - :func:`summarize`: a context manager that collects summaries of every attention call's
   weights (received attention, entropy, top-k, pooled maps) from the fused kernel, at any
-  length, without ``output_attentions``.
+  length, without ``output_attentions``; with ``keep_inputs=True`` it can recompute the exact
+  weights of any block afterwards (:meth:`Summaries.block_weights`), which
+  :func:`attnlab.viz.summary_view` shows beside the summaries.
 
 :func:`attention_flow` needs ``networkx``.
 """
@@ -19,7 +21,7 @@ turn the maps into relevance.
 from .explain import Explanation, explain
 from .methods import attention_flow, gradient_relevance, rollout
 from .recorder import Recorder, record
-from .summaries import Summaries, summarize
+from .summaries import CallInputs, Summaries, summarize
 
 __all__ = ["record", "Recorder", "rollout", "attention_flow", "gradient_relevance", "explain",
-           "Explanation", "summarize", "Summaries"]
+           "Explanation", "summarize", "Summaries", "CallInputs"]

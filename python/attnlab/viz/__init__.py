@@ -10,6 +10,10 @@ tensor per layer, as a Hugging Face model returns with ``output_attentions=True`
   self-contained HTML page (script, style and data inline; it loads nothing from the
   network) that displays inline in Jupyter, ``.save("attention.html")`` writes to a file and
   ``.html`` gives as a string.
+- :func:`summary_view` draws a long input (thousands to tens of thousands of tokens) from the
+  summaries ``attnlab.interpret.summarize`` collects instead of its maps: the pooled map with
+  the exact weights of chosen blocks, attention received, entropy and top-k keys, in one page
+  of the same kind.
 - :mod:`attnlab.viz.static`: :func:`~attnlab.viz.static.head_view_figure` and
   :func:`~attnlab.viz.static.model_view_figure`, matplotlib Figures for PNG, SVG or PDF.
 - :func:`save_maps` / :func:`load_maps`: the ``attention_maps.pt`` that experiments write
@@ -19,6 +23,7 @@ tensor per layer, as a Hugging Face model returns with ``output_attentions=True`
 from . import static
 from .files import FILE_NAME, load_maps, save_maps
 from .html import AttentionViewer, head_view, model_view
+from .summary import summary_view
 
-__all__ = ["head_view", "model_view", "AttentionViewer", "static", "save_maps", "load_maps",
-           "FILE_NAME"]
+__all__ = ["head_view", "model_view", "summary_view", "AttentionViewer", "static", "save_maps",
+           "load_maps", "FILE_NAME"]

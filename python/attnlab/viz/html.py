@@ -43,23 +43,75 @@ def _asset(name: str) -> str:
     return resources.files(__package__).joinpath(name).read_text(encoding="utf-8")
 
 
+def pack(values: np.ndarray, groups: int = 1, *, bits: int = 8, quantization: str = "linear",
+         planes: bool = False) -> dict:
+    """An array as the pages embed it: ``values`` split into ``groups`` equal runs (in C
+    order), each quantized to ``bits`` (8, 16 or 32) of its own range, little-endian,
+    deflate-compressed, base64. ``quantization``:
+
+    - ``"linear"``: steps of 1/(2^bits − 1) of the run's largest value (``scales``), for
+      values ≥ 0 shown on a linear scale;
+    - ``"log"``: 0 stays exactly 0; positive values take 1 .. 2^bits − 1, spaced evenly in
+      log between the run's smallest and largest positive value (``lows``, ``highs``): a
+      relative error of at most half a step, ln(high/low)/(2·(2^bits − 2)), over any range,
+      for values that span decades (received attention, pooled maps);
+    - ``"int"``: integers, stored as signed integers of ``bits``, unchanged.
+
+    ``planes=True`` (16 and 32 bits) stores the values' lowest bytes first, then the next
+    bytes, and so on: neighbouring values share their high bytes, which then compress to
+    almost nothing (about 15% less for summaries along a sequence). common.js reads them back
+    (``integers``, ``floats``)."""
+    if bits not in (8, 16, 32):
+        raise ValueError(f"bits must be 8, 16 or 32, got {bits!r}")
+    flat = np.asarray(values).reshape(groups, -1)
+    top = (1 << bits) - 1
+    packed = {"bits": bits, "quantization": quantization, "compression": "deflate"}
+    if quantization == "int":
+        if flat.size and (flat.min() < -(1 << (bits - 1)) or flat.max() >= 1 << (bits - 1)):
+            raise ValueError(f"integers from {flat.min()} to {flat.max()} do not fit {bits} bits")
+        stored = flat.astype(f"<i{bits // 8}")
+    elif quantization == "linear":
+        scales = flat.max(axis=1).astype(np.float32) if flat.size else np.ones(groups, np.float32)
+        scales[scales <= 0] = 1.0  # an all-zero run: nothing to normalise
+        stored = np.rint(flat * (top / scales[:, None]))
+        packed["scales"] = [float(f"{s:.7g}") for s in scales.tolist()]
+    elif quantization == "log":
+        flat = flat.astype(np.float64)
+        positive = np.where(flat > 0, flat, np.inf)
+        lows = positive.min(axis=1)
+        highs = flat.max(axis=1)
+        lows[~np.isfinite(lows)] = highs[~np.isfinite(lows)] = 1.0  # a run of zeros
+        # Rounded as the JSON carries them, so that Python's and the page's steps agree.
+        lows = np.array([float(f"{v:.9g}") for v in lows])
+        highs = np.maximum(lows, [float(f"{v:.9g}") for v in highs])
+        span = np.log(highs) - np.log(lows)
+        step = np.where(span > 0, span / (top - 1), 1.0)
+        with np.errstate(divide="ignore"):
+            level = 1 + np.rint((np.log(positive) - np.log(lows)[:, None]) / step[:, None])
+        stored = np.where(flat > 0, np.clip(level, 1, top), 0)
+        packed["lows"], packed["highs"] = lows.tolist(), highs.tolist()
+    else:
+        raise ValueError(f"quantization must be linear, log or int, got {quantization!r}")
+    if quantization != "int":
+        stored = stored.astype({8: "u1", 16: "<u2", 32: "<u4"}[bits])
+    raw = stored.tobytes()
+    if planes and bits > 8:
+        raw = np.frombuffer(raw, np.uint8).reshape(-1, bits // 8).T.tobytes()
+        packed["planes"] = True
+    packed["data"] = base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+    return packed
+
+
 def encode(data: AttentionData, *, precision: int = 8) -> dict:
     """The embedded form of the weights: each [queries, keys] map quantized to ``precision``
     bits (8 or 16) of its own largest weight (``scales``, one per batch entry × layer × head,
-    in that order), little-endian, deflate-compressed, base64. ``scale`` is the largest
-    weight of all."""
+    in that order), little-endian, deflate-compressed, base64 (:func:`pack`). ``scale`` is the
+    largest weight of all."""
     if precision not in (8, 16):
         raise ValueError(f"precision must be 8 or 16 (bits per weight), got {precision!r}")
-    batch, layers, heads, queries, keys = data.weights.shape
-    flat = data.weights.reshape(batch * layers * heads, queries * keys)
-    scales = flat.max(axis=1).astype(np.float32)
-    scales[scales <= 0] = 1.0  # an all-zero map: nothing to normalise
-    top = (1 << precision) - 1
-    quantized = np.rint(flat * (top / scales[:, None])).astype("<u2" if precision == 16 else "u1")
-    payload = zlib.compress(quantized.tobytes(), 6)
+    batch, layers, heads = data.weights.shape[:3]
     return {"shape": list(data.weights.shape), "scale": float(data.weights.max()) or 1.0,
-            "scales": [float(f"{s:.7g}") for s in scales.tolist()], "bits": precision,
-            "compression": "deflate", "data": base64.b64encode(payload).decode("ascii")}
+            **pack(data.weights, batch * layers * heads, bits=precision)}
 
 
 class AttentionViewer:
@@ -102,8 +154,13 @@ class AttentionViewer:
         return f"AttentionViewer({len(self._page):,} characters of HTML; .save(path) writes it)"
 
 
-def _page(spec: dict, title: str) -> str:
-    script, style = _asset("viewer.js"), _asset("viewer.css")
+def _page(spec: dict, title: str, scripts: tuple[str, ...] = ("common.js", "viewer.js"),
+          styles: tuple[str, ...] = ("viewer.css",)) -> str:
+    """The page: ``spec`` as its data block, the ``scripts`` (in order) as one inline script and
+    the ``styles`` as one inline style, each admitted by its hash in the page's
+    Content-Security-Policy and nothing else."""
+    script = "\n".join(_asset(name) for name in scripts)
+    style = "\n".join(_asset(name) for name in styles)
     policy = (f"default-src 'none'; script-src {_csp_hash(script)}; "
               f"style-src {_csp_hash(style)}; img-src data:")
     return (

@@ -1,7 +1,8 @@
 // attnlab attention viewer: a head view (token-to-token lines, or a heat map for long inputs)
 // and a model view (a layers × heads grid of thumbnails). Plain JavaScript, no libraries, no
-// network. attnlab.viz inlines this file into the page together with the data, a JSON block
-// with the id "attnlab-data" (see attnlab/viz/html.py for its fields).
+// network. attnlab.viz inlines this file into the page after common.js (the code both
+// viewers share), together with the data, a JSON block with the id "attnlab-data" (see
+// attnlab/viz/html.py for its fields).
 (function () {
   "use strict";
 
@@ -9,53 +10,21 @@
   const LINE_WIDTH = 240;    // width of the band the lines cross
   const HEAT_SIZE = 720;     // the heat map aims at this many pixels along its longer side
   const LEVELS = 64;         // line opacities are drawn in this many batches
-  const LABEL_CHARS = 18;    // longer tokens are cut in canvas labels
   const LINE_BUDGET = 12000; // lines drawn at most in the overview of the line diagram
   const MIN_WEIGHT = 1 / 512; // lighter lines would not show
-  const MAX_CANVAS = 32000;  // browsers refuse canvases much taller than 2^15 pixels
 
-  const root = document.getElementById("attnlab-viz");
+  const {MAX_CANVAS, root, element, boot, integers, clip, shown, rgb, setPalette,
+         linearScale, sizeCanvas, mapImage, colourBar, select, reportHeight} = attnlabViz;
   let spec, values, units;
   const state = {view: "head", batch: 0, layer: 0, head: 0, mode: "lines",
                  hover: null, pinned: null};
   const ui = {};
 
-  function element(tag, className, text) {
-    const node = document.createElement(tag);
-    if (className) node.className = className;
-    if (text !== undefined) node.textContent = text;  // tokens only ever go in as text
-    return node;
-  }
-
-  function fail(error) {
-    root.dataset.state = "error";
-    root.replaceChildren(element("p", "attnlab-error",
-                                 "attnlab viewer: " + (error && error.message || error)));
-    console.error(error);
-  }
-
   // ---- data ---------------------------------------------------------------------------
 
   async function decode() {
-    const text = atob(spec.data);
-    let bytes = new Uint8Array(text.length);
-    for (let i = 0; i < text.length; i++) bytes[i] = text.charCodeAt(i);
-    if (spec.compression === "deflate") {
-      if (typeof DecompressionStream === "undefined") {
-        throw new Error("this browser lacks DecompressionStream; open the file in a current " +
-                        "Chrome, Firefox or Safari");
-      }
-      const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
-      bytes = new Uint8Array(await new Response(stream).arrayBuffer());
-    }
     const [B, L, H, Q, K] = spec.shape;
-    const count = B * L * H * Q * K;
-    if (bytes.byteLength !== count * (spec.bits / 8)) {
-      throw new Error(`the embedded maps hold ${bytes.byteLength} bytes, ` +
-                      `not ${count * spec.bits / 8}`);
-    }
-    values = spec.bits === 16 ? new Uint16Array(bytes.buffer, bytes.byteOffset, count)
-                              : new Uint8Array(bytes.buffer, bytes.byteOffset, count);
+    values = await integers(spec, B * L * H * Q * K, "maps");
     const top = spec.bits === 16 ? 65535 : 255;
     units = Float64Array.from(spec.scales, (s) => s / top);
   }
@@ -99,98 +68,17 @@
   function queryTokens() { return spec.query_tokens[state.batch]; }
   function keyTokens() { return spec.key_tokens[state.batch]; }
 
-  function clip(token) {
-    return token.length > LABEL_CHARS ? token.slice(0, LABEL_CHARS - 1) + "…" : token;
-  }
-
-  // A token as shown: on one line (line breaks, tabs and other control characters become
-  // visible symbols), and visible when empty (∅) or all spaces (␣).
-  const SYMBOLS = {"\n": "↵", "\t": "⇥", "\r": "␍", "\u2028": "␤", "\u2029": "␤",
-                   "\u0085": "␤", "\x7f": "␡"};
-  function shown(token) {
-    if (token === "") return "∅";
-    const line = token.replace(/[\x00-\x1f\x7f\x85\u2028\u2029]/g, (c) =>
-      SYMBOLS[c] || String.fromCharCode(0x2400 + c.charCodeAt(0)));
-    return token.trim() === "" ? line.replace(/\s/g, "␣") : line;
-  }
-
   function format(x) {  // as many digits as the stored precision carries
     if (x === 0) return "0";
     if (x < 0.001) return x.toExponential(spec.bits === 16 ? 3 : 2);
     return x.toFixed(spec.bits === 16 ? 4 : 3);
   }
 
-  function rgb(hex) {
-    return [parseInt(hex.slice(1, 3), 16), parseInt(hex.slice(3, 5), 16),
-            parseInt(hex.slice(5, 7), 16)];
-  }
-
-  const palette = [];  // the colour map as [r, g, b] × 256
-  function colour(t) {  // t in [0, 1]
-    return palette[Math.max(0, Math.min(255, Math.round(t * 255)))];
-  }
-
-  // ---- canvases -----------------------------------------------------------------------
-
-  function sizeCanvas(canvas, width, height) {
-    const ratio = Math.min(window.devicePixelRatio || 1, MAX_CANVAS / Math.max(width, height));
-    canvas.width = Math.max(1, Math.round(width * ratio));
-    canvas.height = Math.max(1, Math.round(height * ratio));
-    canvas.style.width = width + "px";
-    canvas.style.height = height + "px";
-    const context = canvas.getContext("2d");
-    context.setTransform(ratio, 0, 0, ratio, 0, 0);
-    return context;
-  }
-
-  // A [rows, cols] float map as an image, one pixel per cell, coloured over [0, max].
-  function mapImage(map, rows, cols, max) {
-    const image = document.createElement("canvas");
-    image.width = cols;
-    image.height = rows;
-    const context = image.getContext("2d");
-    const pixels = context.createImageData(cols, rows);
-    const scale = max > 0 ? 1 / max : 0;
-    for (let i = 0; i < rows * cols; i++) {
-      const c = colour(map[i] * scale);
-      pixels.data[4 * i] = c[0];
-      pixels.data[4 * i + 1] = c[1];
-      pixels.data[4 * i + 2] = c[2];
-      pixels.data[4 * i + 3] = 255;
-    }
-    context.putImageData(pixels, 0, 0);
-    return image;
-  }
-
-  function colourBar(max, label) {
-    const bar = element("div", "attnlab-colourbar");
-    bar.append(element("span", null, "0"));
-    const canvas = element("canvas");
-    const context = sizeCanvas(canvas, 160, 10);
-    for (let x = 0; x < 160; x++) {
-      const c = colour(x / 159);
-      context.fillStyle = `rgb(${c[0]},${c[1]},${c[2]})`;
-      context.fillRect(x, 0, 1, 10);
-    }
-    bar.append(canvas, element("span", null, format(max) + (label ? " " + label : "")));
-    return bar;
+  function colourScale(max) {
+    return colourBar("0", format(max));
   }
 
   // ---- controls -----------------------------------------------------------------------
-
-  function select(label, options, onChange) {
-    const wrap = element("label", "attnlab-control");
-    wrap.append(element("span", null, label));
-    const box = element("select");
-    for (const [value, text] of options) {
-      const option = element("option", null, text);
-      option.value = String(value);
-      box.append(option);
-    }
-    box.addEventListener("change", () => onChange(Number(box.value)));
-    wrap.append(box);
-    return {wrap: wrap, box: box};
-  }
 
   function buildControls() {
     const bar = element("div", "attnlab-controls");
@@ -493,7 +381,7 @@
     context.fillStyle = "#fff";
     context.fillRect(0, 0, width, height);
     context.imageSmoothingEnabled = false;
-    context.drawImage(mapImage(map, Q, K, max), left, top, K * cw, Q * ch);
+    context.drawImage(mapImage(map, Q, K, linearScale(max)), left, top, K * cw, Q * ch);
     context.fillStyle = "#222";
     context.font = "12px sans-serif";
     if (rowLabels) {
@@ -520,7 +408,7 @@
     const caption = element("div", "attnlab-caption",
                             `layer ${spec.layers[state.layer]}, ${which}: queries down (${Q}), ` +
                             `keys across (${K})`);
-    stage.append(caption, colourBar(max), wrap);
+    stage.append(caption, colourScale(max), wrap);
 
     const cellAt = (event) => {
       const box = overlay.getBoundingClientRect();
@@ -594,7 +482,7 @@
         const context = sizeCanvas(thumb, tw, th);
         context.imageSmoothingEnabled = Q > th || K > tw;
         context.imageSmoothingQuality = "high";
-        context.drawImage(mapImage(floats, Q, K, max), 0, 0, tw, th);
+        context.drawImage(mapImage(floats, Q, K, linearScale(max)), 0, 0, tw, th);
         if (l === state.layer && h === state.head) thumb.classList.add("attnlab-current");
         thumb.addEventListener("mouseenter", () => {
           info(`layer ${layerName}, head ${headName}: largest weight ${format(max)}. ` +
@@ -628,17 +516,8 @@
     reportHeight();
   }
 
-  // Inside a notebook the page lives in an iframe: tell the notebook how tall it is.
-  function reportHeight() {
-    if (window.parent === window) return;
-    const bottom = root.getBoundingClientRect().bottom + window.scrollY;
-    window.parent.postMessage({attnlabHeight: Math.ceil(bottom)}, "*");
-  }
-
   function start() {
-    for (let i = 0; i < spec.colour_map.length; i += 6) {
-      palette.push(rgb("#" + spec.colour_map.slice(i, i + 6)));
-    }
+    setPalette(spec.colour_map);
     const s = spec.start;
     Object.assign(state, {view: s.view, batch: s.batch, layer: s.layer, head: s.head,
                           mode: s.mode === "lines" && !linesFit() ? "heatmap" : s.mode});
@@ -661,10 +540,9 @@
     root.dataset.state = "ready";
   }
 
-  try {
-    spec = JSON.parse(document.getElementById("attnlab-data").textContent);
-    decode().then(start).catch(fail);
-  } catch (error) {
-    fail(error);
-  }
+  boot(async (data) => {
+    spec = data;
+    await decode();
+    start();
+  });
 })();

@@ -77,7 +77,10 @@ def test_page_is_self_contained_and_its_policy_admits_only_its_own_script_and_st
     assert "default-src 'none'" in policy
     assert f"script-src {digest(script)};" in policy
     assert f"style-src {digest(style)};" in policy
-    assert script == resources.files("attnlab.viz").joinpath("viewer.js").read_text()
+    assets = resources.files("attnlab.viz")
+    # The helpers both viewers share, then the viewer itself, as one script.
+    assert script == (assets.joinpath("common.js").read_text() + "\n" +
+                      assets.joinpath("viewer.js").read_text())
     assert style == resources.files("attnlab.viz").joinpath("viewer.css").read_text()
 
 

@@ -52,6 +52,9 @@ def test_wheel_installs_into_a_fresh_environment_and_runs(tmp_path):
     for name in ("attnlab/libattnlab.so", "attnlab/_build.py", "attnlab/include/attnlab/attention.h",
                  "attnlab/share/cmake/attnlab/attnlabConfig.cmake", "attnlab/nn/__init__.py"):
         assert name in names
+    # The viewers' pages are built from these files, read as package data at run time.
+    for asset in ("common.js", "viewer.js", "viewer.css", "summary.js", "summary.css"):
+        assert f"attnlab/viz/{asset}" in names, asset
     assert any(re.fullmatch(r"attnlab/_C\..*\.so", name) for name in names)
     metadata = metadata.decode()
     for extra in ("hf", "lightning", "cifar", "docs", "test"):

@@ -364,4 +364,7 @@ def test_torch_compile_fullgraph_matches_eager(normalizer, alpha):
     eager_grads = torch.autograd.grad(eager_out.sum(), (x, w))
     grads = torch.autograd.grad(out.sum(), (x, w))
     for got, expected in zip(grads, eager_grads):
-        torch.testing.assert_close(got, expected)
+        # Inductor rounds x @ w_qkv's float32 sums in its own order: the gradients agree to
+        # float32's precision relative to their largest entry, not entry by entry.
+        torch.testing.assert_close(got, expected, rtol=0,
+                                   atol=1e-6 * expected.abs().max().item())

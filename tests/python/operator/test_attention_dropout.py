@@ -17,9 +17,12 @@ NORMALIZERS = reference.NORMALIZERS
 by_normalizer = pytest.mark.parametrize("normalizer,alpha", NORMALIZERS,
                                         ids=reference.ids(NORMALIZERS))
 
-# (batch, len_q, len_k, dim): a tutorial shape (the small kernels' size without dropout), and
-# shapes over several query and key blocks of the blocked path, L_q != L_k.
-SHAPES = [((2, 3), 10, 10, 16), ((1, 2), 150, 300, 32), ((2,), 300, 70, 24)]
+# (batch, len_q, len_k, dim): float64 shapes of the small kernels (every key in one vector: at
+# most 8 doubles) and of the blocked path (a tutorial's L = 10, and several query and key
+# blocks, L_q != L_k).
+SHAPES = [((2, 3), 8, 8, 16), ((3,), 40, 7, 8), ((2, 3), 10, 10, 16), ((1, 2), 150, 300, 32),
+          ((2,), 300, 70, 24)]
+SHAPE_IDS = ["small", "small_rows", "tutorial", "blocks", "long_q"]
 MASKS = ["none", "causal", "bool", "float+causal"]
 
 
@@ -61,7 +64,7 @@ def _reference(q, k, v, mask, causal, normalizer, alpha, d):
 
 
 @pytest.mark.parametrize("mask_kind", MASKS)
-@pytest.mark.parametrize("shape", SHAPES, ids=["tutorial", "blocks", "long_q"])
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @by_normalizer
 def test_forward_and_backward_equal_the_reference_with_the_same_mask(normalizer, alpha, shape,
                                                                      mask_kind):
@@ -99,6 +102,30 @@ def test_float32_without_weights_equals_the_reference(normalizer, alpha, causal)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     expected, _ = _reference(q64, k64, v64, None, causal, normalizer, alpha, d)
     reference.assert_close(out, expected, "output", torch.float32)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(expected, (q64, k64, v64), grad.double())
+    for name, a, b in zip("qkv", got, want):
+        reference.assert_close(a, b, f"d{name}", torch.float32, gradient=True)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("mask_kind", MASKS)
+@pytest.mark.parametrize("shape", [((16, 2), 16, 16, 32), ((4, 4), 10, 10, 64), ((2,), 300, 12, 8)],
+                         ids=["tutorial16", "tutorial10", "many_rows"])
+def test_float32_tutorial_shapes_equal_the_reference(shape, mask_kind, need_weights):
+    """Every key in one float32 vector: the small kernels, with dropout in registers."""
+    q, k, v, gen = _inputs(shape, torch.float32)
+    batch, len_q, len_k, _ = shape
+    mask, causal = _mask(mask_kind, batch, len_q, len_k, gen, torch.float32)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, w, seed = _run(q, k, v, mask, causal, "softmax", None, 0.2, 5, need_weights)
+    d = functional.dropout_mask((*batch, len_q, len_k), 0.2, seed)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected, expected_w = _reference(q64, k64, v64, mask, causal, "softmax", None, d)
+    reference.assert_close(out, expected, "output", torch.float32)
+    if need_weights:
+        reference.assert_close(w, expected_w, "weights", torch.float32)
     grad = torch.randn(out.shape, generator=gen)
     got = torch.autograd.grad(out, (q, k, v), grad)
     want = torch.autograd.grad(expected, (q64, k64, v64), grad.double())

@@ -762,7 +762,8 @@ void small_forward(const AttentionProblem<T>& p, const OutputRows<T>& out, T* lo
                            p.value.row(b, 0), p.value.row_stride, mask_block(p, b, i0, 0),
                            p.mask.row_stride, visible_base(p, i0, 0), p.scale, out.row(b, i0),
                            out.row_stride, logsumexp + b * p.len_q + i0,
-                           weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr, p.len_k);
+                           weights ? weights + (b * p.len_q + i0) * p.len_k : nullptr, p.len_k,
+                           p.dropout.active() ? &p.dropout : nullptr, b * p.len_q + i0);
     }
   });
 }
@@ -795,7 +796,8 @@ void small_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad_out
           weights ? weights + rows * p.len_k : nullptr, grad_query.row(b, 0),
           grad_query.row_stride, grad_key.row(b, 0), grad_key.row_stride, grad_value.row(b, 0),
           grad_value.row_stride, grad_mask ? grad_mask + rows * p.len_k : nullptr,
-          grad_weights ? grad_weights + rows * p.len_k : nullptr);
+          grad_weights ? grad_weights + rows * p.len_k : nullptr,
+          p.dropout.active() ? &p.dropout : nullptr, rows);
     }
   });
 }
@@ -809,7 +811,7 @@ bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
 
 template <typename T>
 bool attention_is_small(const AttentionProblem<T>& p) {
-  return p.alpha == 1 && p.len_q > 0 && p.len_k > 0 && !p.dropout.active() &&
+  return p.alpha == 1 && p.len_q > 0 && p.len_k > 0 &&
          small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
          p.len_q <= kSmallBackwardMaxRows && p.narrow == AttentionProblem<T>::Narrow::none;
 }
@@ -852,8 +854,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                          : forward_query_block(p.len_q);
   const int64_t q_blocks = ceil_div(p.len_q, block_q);
   // Every key in one vector (the tutorials' L = 10 and 16): the whole row in registers. The
-  // summaries and dropout take the blocked path at every size.
-  const bool small = p.len_k > 0 && summaries == nullptr && !p.dropout.active() &&
+  // summaries take the blocked path at every size, and so does dropout for a sparse normalizer.
+  const bool small = p.len_k > 0 && summaries == nullptr && (!sparse || !p.dropout.active()) &&
                      small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
   TORCH_CHECK(output16 == nullptr || (!small && p.narrow != AttentionProblem<T>::Narrow::none &&
                                       f32_gemm_available() && !sparse),
@@ -997,7 +999,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
   // about as much as the kernel's arithmetic). A gradient of the weights takes the blocked
   // path (the small kernels keep dP in registers).
-  const bool small = weights_grad == nullptr && !dropout &&
+  const bool small = weights_grad == nullptr && (!sparse || !dropout) &&
                      (sparse ? p.len_q > 0 && p.len_q <= kSmallBackwardMaxRows &&
                                    small_sparse_fits<T>(p.alpha, p.len_k, E, Ev) && !grad_weights
                              : attention_is_small(p));
@@ -1015,7 +1017,8 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
       k_offsets[b] = b * p.len_k * E;
       v_offsets[b] = b * p.len_k * Ev;
     }
-    small_backward(p, grad_output, row_stat, weights, OutputRows<T>{grad_query, q_offsets.data(), E},
+    small_backward(p, grad_output, row_stat, probs_kept,
+                   OutputRows<T>{grad_query, q_offsets.data(), E},
                    OutputRows<T>{grad_key, k_offsets.data(), E},
                    OutputRows<T>{grad_value, v_offsets.data(), Ev}, grad_mask, grad_weights);
     return;

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "cpu/isa/isa.h"
+#include "cpu/attention/dropout.h"
 #include "cpu/attention/small_attention.h"
 #include "cpu/isa/vec_lanes.h"
 #include "cpu/isa/vec_math.h"
@@ -157,6 +158,23 @@ ATTNLAB_INLINE void store_key_vectors_as_rows(const Vec<T>* x, int64_t len_k, in
   }
 }
 
+// dt[j] for j < len_k: lane i holds D of row row0 + i and key j, 0 where dropout drops the
+// weight and 1/(1 − p) where it keeps it (dropout.h).
+template <typename T>
+ATTNLAB_INLINE void dropout_vectors(const Dropout& d, int64_t row0, int64_t len_k, Vec<T>* dt) {
+  constexpr int64_t L = kLanes<T>;
+  uint32_t keys[L];
+  for (int64_t i = 0; i < L; ++i) keys[i] = dropout_row_key(d.seed, row0 + i);
+  const uint32_t threshold = d.threshold();
+  const T kept = static_cast<T>(d.kept_scale());
+  for (int64_t j = 0; j < len_k; ++j) {
+    alignas(64) T lanes[L];
+#pragma omp simd
+    for (int64_t i = 0; i < L; ++i) lanes[i] = dropout_hash(keys[i], j) >= threshold ? kept : T(0);
+    std::memcpy(&dt[j], lanes, sizeof(lanes));
+  }
+}
+
 // Lane i of a group from row r0 sees the keys j < result[i], for a causal limit
 // clamp(visible_base + r0 + i, 0, len_k) (clamped loosely: only j < len_k are compared).
 template <typename T>
@@ -172,7 +190,8 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
                                               const T* mask, int64_t mask_ld,
                                               int64_t visible_base, T scale, T* out,
                                               int64_t ld_out, T* lse, T* weights,
-                                              int64_t ld_weights) {
+                                              int64_t ld_weights,
+                                              const Dropout* dropout, int64_t dropout_row0) {
   constexpr int64_t L = kLanes<T>;
   constexpr int64_t K = kSmallKeys<T>;
   static_assert(K % 8 == 0);  // key_scores' passes of eight
@@ -227,6 +246,11 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
     alignas(64) Vec<T> pt[K];
     for (int64_t j = 0; j < K; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
+    if (dropout) {  // P ⊙ D, the weights P·V takes and returns
+      alignas(64) Vec<T> dt[K];
+      dropout_vectors<T>(*dropout, dropout_row0 + r0, len_k, dt);
+      for (int64_t j = 0; j < len_k; ++j) pt[j] *= dt[j];
+    }
     weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * ld_out, ld_out);
     if (weights) store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
     // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
@@ -261,7 +285,8 @@ ATTNLAB_INLINE void small_attention_backward_impl(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
     const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
-    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights) {
+    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights,
+    const Dropout* dropout, int64_t dropout_row0) {
   constexpr int64_t L = kLanes<T>;
   constexpr int64_t K = kSmallKeys<T>;
   constexpr int64_t kRows = kSmallBackwardMaxRows;
@@ -297,6 +322,13 @@ ATTNLAB_INLINE void small_attention_backward_impl(
       key_scores(dot, dim_v, v, ldv, len_k, dpt);
     }
     if (dweights) store_key_vectors_as_rows(dpt, len_k, group, dweights + r0 * len_k, len_k);
+    // With dropout dPᵀ is the gradient at the weights used, P ⊙ D: D ⊙ dPᵀ is P's, and dV
+    // takes P ⊙ D (the delta below stays Σ_j P·D·dP = dO·O).
+    alignas(64) Vec<T> dt[K];
+    if (dropout) {
+      dropout_vectors<T>(*dropout, dropout_row0 + r0, len_k, dt);
+      for (int64_t j = 0; j < len_k; ++j) dpt[j] *= dt[j];
+    }
     Vec<T> d = {};
     for (int64_t j = 0; j < len_k; ++j) d += pt[j] * dpt[j];
     alignas(64) Vec<T> dst[K];
@@ -304,6 +336,7 @@ ATTNLAB_INLINE void small_attention_backward_impl(
     if (dmask) store_key_vectors_as_rows(dst, len_k, group, dmask + r0 * len_k, len_k);
     for (int64_t j = 0; j < K; ++j) {
       if (j >= len_k) pt[j] = Vec<T>{};
+      if (dropout && j < len_k) pt[j] *= dt[j];
       dst[j] *= scale;
       std::memcpy(pt_all[j] + r0, &pt[j], sizeof(pt[j]));
       std::memcpy(ds_all[j] + r0, &dst[j], sizeof(dst[j]));
@@ -327,16 +360,20 @@ ATTNLAB_INLINE void small_attention_rows_sized(int64_t rows, int64_t len_k, int6
                                                const T* mask, int64_t mask_ld,
                                                int64_t visible_base, T scale, T* out,
                                                int64_t ld_out, T* lse, T* weights,
-                                               int64_t ld_weights) {
+                                               int64_t ld_weights,
+                                               const Dropout* dropout, int64_t dropout_row0) {
   if (dim_qk == 32 && dim_v == 32) {
     small_attention_rows_impl<T>(rows, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                                 visible_base, scale, out, ld_out, lse, weights, ld_weights);
+                                 visible_base, scale, out, ld_out, lse, weights, ld_weights,
+                                 dropout, dropout_row0);
   } else if (dim_qk == 64 && dim_v == 64) {
     small_attention_rows_impl<T>(rows, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask, mask_ld,
-                                 visible_base, scale, out, ld_out, lse, weights, ld_weights);
+                                 visible_base, scale, out, ld_out, lse, weights, ld_weights,
+                                 dropout, dropout_row0);
   } else {
     small_attention_rows_impl<T>(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
-                                 mask_ld, visible_base, scale, out, ld_out, lse, weights, ld_weights);
+                                 mask_ld, visible_base, scale, out, ld_out, lse, weights,
+                                 ld_weights, dropout, dropout_row0);
   }
 }
 
@@ -345,19 +382,23 @@ ATTNLAB_INLINE void small_attention_backward_sized(
     int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v, const T* q, int64_t ldq,
     const T* k, int64_t ldk, const T* v, int64_t ldv, const T* mask, int64_t mask_ld,
     int64_t visible_base, T scale, const T* dout, int64_t ld_dout, const T* lse, const T* probs,
-    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights) {
+    T* dq, int64_t ld_dq, T* dk, int64_t ld_dk, T* dv, int64_t ld_dv, T* dmask, T* dweights,
+    const Dropout* dropout, int64_t dropout_row0) {
   if (dim_qk == 32 && dim_v == 32) {
     small_attention_backward_impl<T>(len_q, len_k, 32, 32, q, ldq, k, ldk, v, ldv, mask,
                                      mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
+                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights,
+                                     dropout, dropout_row0);
   } else if (dim_qk == 64 && dim_v == 64) {
     small_attention_backward_impl<T>(len_q, len_k, 64, 64, q, ldq, k, ldk, v, ldv, mask,
                                      mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
+                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights,
+                                     dropout, dropout_row0);
   } else {
     small_attention_backward_impl<T>(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,
                                      mask_ld, visible_base, scale, dout, ld_dout, lse, probs,
-                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);
+                                     dq, ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights,
+                                     dropout, dropout_row0);
   }
 }
 
@@ -367,22 +408,25 @@ ATTNLAB_INLINE void small_attention_backward_sized(
 // The float entry points ROWS and BACKWARD (small_attention_rows' and
 // small_attention_backward's parameters) with attribute ATTR: the kernels above, inlined into
 // each, for the instruction sets the including file compiles them for.
-#define ATTNLAB_SMALL_ATTENTION_FLOAT_KERNELS(ATTR, ROWS, BACKWARD)                              \
-  ATTR void ROWS(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v, const float* q,     \
-                 int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,          \
-                 const float* mask, int64_t mask_ld, int64_t visible_base, float scale,          \
-                 float* out, int64_t ld_out, float* lse, float* weights, int64_t ld_weights) {   \
-    small_attention_rows_sized(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,         \
-                               mask_ld, visible_base, scale, out, ld_out, lse, weights,          \
-                               ld_weights);                                                      \
-  }                                                                                              \
-  ATTR void BACKWARD(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,                \
-                     const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,   \
-                     int64_t ldv, const float* mask, int64_t mask_ld, int64_t visible_base,      \
-                     float scale, const float* dout, int64_t ld_dout, const float* lse,          \
-                     const float* probs, float* dq, int64_t ld_dq, float* dk, int64_t ld_dk,     \
-                     float* dv, int64_t ld_dv, float* dmask, float* dweights) {                  \
-    small_attention_backward_sized(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,    \
-                                   mask_ld, visible_base, scale, dout, ld_dout, lse, probs, dq,  \
-                                   ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights);                \
+#define ATTNLAB_SMALL_ATTENTION_FLOAT_KERNELS(ATTR, ROWS, BACKWARD)                            \
+  ATTR void ROWS(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v, const float* q,   \
+                 int64_t ldq, const float* k, int64_t ldk, const float* v, int64_t ldv,        \
+                 const float* mask, int64_t mask_ld, int64_t visible_base, float scale,        \
+                 float* out, int64_t ld_out, float* lse, float* weights, int64_t ld_weights,   \
+                 const Dropout* dropout, int64_t dropout_row0) {                               \
+    small_attention_rows_sized(rows, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,       \
+                               mask_ld, visible_base, scale, out, ld_out, lse, weights,        \
+                               ld_weights, dropout, dropout_row0);                             \
+  }                                                                                            \
+  ATTR void BACKWARD(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,              \
+                     const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v, \
+                     int64_t ldv, const float* mask, int64_t mask_ld, int64_t visible_base,    \
+                     float scale, const float* dout, int64_t ld_dout, const float* lse,        \
+                     const float* probs, float* dq, int64_t ld_dq, float* dk, int64_t ld_dk,   \
+                     float* dv, int64_t ld_dv, float* dmask, float* dweights,                  \
+                     const Dropout* dropout, int64_t dropout_row0) {                           \
+    small_attention_backward_sized(len_q, len_k, dim_qk, dim_v, q, ldq, k, ldk, v, ldv, mask,  \
+                                   mask_ld, visible_base, scale, dout, ld_dout, lse, probs, dq,\
+                                   ld_dq, dk, ld_dk, dv, ld_dv, dmask, dweights, dropout,      \
+                                   dropout_row0);                                              \
   }

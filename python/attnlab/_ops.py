@@ -11,7 +11,7 @@ def _batch_shape(query, key, value):
 
 @torch.library.register_fake("attnlab::_sdpa_forward")
 def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weights,
-                       dropout_p=0.0, dropout_seed=0):
+                       dropout_p=0.0, dropout_seed=0, weights_before_dropout=False):
     batch = _batch_shape(query, key, value)
     len_q, len_k, dim_v = query.shape[-2], key.shape[-2], value.shape[-1]
     output = query.new_empty((*batch, len_q, dim_v))
@@ -25,7 +25,8 @@ def _sdpa_forward_fake(query, key, value, attn_mask, is_causal, scale, need_weig
 @torch.library.register_fake("attnlab::_sdpa_backward")
 def _sdpa_backward_fake(grad_output, query, key, value, attn_mask, is_causal, scale, output,
                         logsumexp, weights=None, grad_mask=False, grad_weights=False,
-                        grad_attn_weights=None, dropout_p=0.0, dropout_seed=0):
+                        grad_attn_weights=None, dropout_p=0.0, dropout_seed=0,
+                        weights_before_dropout=False):
     grad_attn_mask = (attn_mask.new_empty(attn_mask.shape) if grad_mask and attn_mask is not None
                       else query.new_empty((0,)))
     # dP = grad_output @ value^T at the output's batch shape, in the inputs' dtype.

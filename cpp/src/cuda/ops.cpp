@@ -88,7 +88,8 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cuda(const Tensor& query, const 
                                                       const std::optional<Tensor>& attn_mask,
                                                       bool is_causal, std::optional<double> scale,
                                                       bool need_weights, double dropout_p,
-                                                      int64_t /*dropout_seed*/) {
+                                                      int64_t /*dropout_seed*/,
+                                                      bool /*weights_before_dropout*/) {
   TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0, "attnlab.scaled_dot_product_attention: "
                               "dropout_p > 0 runs in the CPU kernels only");
   const auto batch_shape = checks::sdpa_inputs(query, key, value, attn_mask, scale);
@@ -133,7 +134,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cuda(
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
     bool grad_mask, bool grad_weights, const std::optional<Tensor>& grad_attn_weights,
-    double dropout_p, int64_t /*dropout_seed*/) {
+    double dropout_p, int64_t /*dropout_seed*/, bool /*weights_before_dropout*/) {
   TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0, "attnlab.scaled_dot_product_attention: "
                               "dropout_p > 0 runs in the CPU kernels only");
   TORCH_CHECK_NOT_IMPLEMENTED(!grad_attn_weights || !grad_attn_weights->defined(),

@@ -37,9 +37,11 @@ bool bf16_products(const Tensor& t) {
 }
 
 // Dropout of probability dropout_p (in [0, 1), checked) from dropout_seed: cpu::Dropout.
-cpu::Dropout dropout_of(double dropout_p, int64_t dropout_seed) {
+// weights_before_dropout: the weights are P, not P ⊙ D (cpu::Dropout::weights_undropped).
+cpu::Dropout dropout_of(double dropout_p, int64_t dropout_seed,
+                        bool weights_before_dropout = false) {
   checks::dropout(dropout_p);
-  return {dropout_p, static_cast<uint64_t>(dropout_seed)};
+  return {dropout_p, static_cast<uint64_t>(dropout_seed), weights_before_dropout};
 }
 
 // The forward: (output, row statistic, weights, support_value), the last an empty tensor for
@@ -113,10 +115,11 @@ std::tuple<Tensor, Tensor, Tensor> sdpa_forward_cpu(const Tensor& query, const T
                                                      const std::optional<Tensor>& attn_mask,
                                                      bool is_causal, std::optional<double> scale,
                                                      bool need_weights, double dropout_p,
-                                                     int64_t dropout_seed) {
+                                                     int64_t dropout_seed,
+                                                     bool weights_before_dropout) {
   auto [output, lse, weights, unused] =
       sdpa_forward_impl(query, key, value, attn_mask, is_causal, scale, need_weights, false, 1,
-                        dropout_of(dropout_p, dropout_seed));
+                        dropout_of(dropout_p, dropout_seed, weights_before_dropout));
   return {output, lse, weights};
 }
 
@@ -222,10 +225,11 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor> sdpa_backward_cpu(
     const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
     const Tensor& output, const Tensor& logsumexp, const std::optional<Tensor>& weights,
     bool grad_mask, bool grad_weights, const std::optional<Tensor>& grad_attn_weights,
-    double dropout_p, int64_t dropout_seed) {
+    double dropout_p, int64_t dropout_seed, bool weights_before_dropout) {
   return sdpa_backward_impl(grad_output, query, key, value, attn_mask, is_causal, scale, output,
                             logsumexp, weights, grad_mask, grad_weights, false, 1, Tensor(),
-                            grad_attn_weights, dropout_of(dropout_p, dropout_seed));
+                            grad_attn_weights,
+                            dropout_of(dropout_p, dropout_seed, weights_before_dropout));
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> sparse_backward_cpu(
@@ -278,10 +282,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_call(const Tensor& query, con
                                                         bool is_causal,
                                                         std::optional<double> scale,
                                                         bool need_weights, double alpha,
-                                                        double dropout_p, int64_t dropout_seed) {
+                                                        double dropout_p, int64_t dropout_seed,
+                                                        bool weights_before_dropout = false) {
   if (alpha == 1) {
-    auto [output, lse, weights] = forward_op().call(query, key, value, attn_mask, is_causal,
-                                                    scale, need_weights, dropout_p, dropout_seed);
+    auto [output, lse, weights] =
+        forward_op().call(query, key, value, attn_mask, is_causal, scale, need_weights,
+                          dropout_p, dropout_seed, weights_before_dropout);
     return {output, lse, weights, Tensor()};
   }
   auto [output, tau, support_value, weights] =
@@ -295,8 +301,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_call(const Tensor& query, con
 // twice the size of the output (L_k <= 2·E_v). There the backward reads them instead of
 // recomputing Q·Kᵀ and the softmax, which at the tutorials' shapes (L = 10 or 16) costs more
 // than the few kilobytes per head they take.
-bool keep_probabilities(const Tensor& query, const Tensor& key, const Tensor& value) {
-  return query.device().is_cpu() && key.size(-2) <= 2 * value.size(-1);
+// With dropout only where the small kernels run (cpu::weights_undropped_fit), which alone keep
+// P before dropout, as the backward needs it.
+bool keep_probabilities(const Tensor& query, const Tensor& key, const Tensor& value,
+                        double dropout_p) {
+  if (!query.device().is_cpu() || key.size(-2) > 2 * value.size(-1)) return false;
+  if (dropout_p == 0) return true;
+  const int64_t len_k = key.size(-2), dim_qk = query.size(-1), dim_v = value.size(-1);
+  return query.scalar_type() == at::kDouble
+             ? cpu::weights_undropped_fit<double>(len_k, dim_qk, dim_v)
+             : cpu::weights_undropped_fit<float>(len_k, dim_qk, dim_v);
 }
 
 // Whether autograd records this call: grad mode is on and an input requires grad, or an input
@@ -328,9 +342,11 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     // Straight to the CPU (or CUDA) kernel: autograd is this function, so the boxed autograd
     // and view fallbacks of the forward operator are skipped.
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // Kept only for the backward, the weights are P before dropout: the backward makes D again.
+    const bool before_dropout = keep_probs && !need_weights && dropout_p > 0;
     auto [output, stat, weights, support_value] =
         forward_call(query, key, value, attn_mask, is_causal, scale, need_weights || keep_probs,
-                     alpha, dropout_p, dropout_seed);
+                     alpha, dropout_p, dropout_seed, before_dropout);
     // With need_weights the weights exist anyway: the backward reads them instead of
     // recomputing the probabilities.
     ctx->save_for_backward({query, key, value, output, stat, attn_mask.value_or(Tensor()),
@@ -347,6 +363,7 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     // The backward makes the dropout mask again from the seed instead of keeping it.
     ctx->saved_data["dropout_p"] = dropout_p;
     ctx->saved_data["dropout_seed"] = dropout_seed;
+    ctx->saved_data["weights_before_dropout"] = before_dropout;
     // No zero-filled [..., L_q, L_k] gradient for the weights: backward takes undefined grads.
     ctx->set_materialize_grads(false);
     return {output, weights};
@@ -378,12 +395,13 @@ class SdpaFunction : public torch::autograd::Function<SdpaFunction> {
     const double alpha = ctx->saved_data["alpha"].toDouble();
     const double dropout_p = ctx->saved_data["dropout_p"].toDouble();
     const int64_t dropout_seed = ctx->saved_data["dropout_seed"].toInt();
+    const bool before_dropout = ctx->saved_data["weights_before_dropout"].toBool();
     Tensor dq, dk, dv, dmask;
     if (alpha == 1) {
       std::tie(dq, dk, dv, dmask, std::ignore) = backward_op().call(
           grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
           saved[3], saved[4], optional(saved[6]), mask_grad, /*grad_weights=*/false,
-          weights_grad, dropout_p, dropout_seed);
+          weights_grad, dropout_p, dropout_seed, before_dropout);
     } else {
       std::tie(dq, dk, dv, dmask) = sparse_backward_op().call(
           grad_output, saved[0], saved[1], saved[2], optional(saved[5]), is_causal, scale,
@@ -444,11 +462,11 @@ std::tuple<Tensor, Tensor> sdpa_composite(const Tensor& query, const Tensor& key
         query, key, value, attn_mask, is_causal, scale, need_weights, a, dropout_p, seed);
     return {output, need_weights ? weights : at::empty({0}, output.options())};
   }
-  // The kept probabilities pay at softmax's small shapes without dropout (with it the weights
-  // are P ⊙ D, and the backward recomputes P); the sparse normalizers recompute them from τ.
+  // The kept probabilities pay at softmax's small shapes; the sparse normalizers recompute them
+  // from τ.
   auto outs = SdpaFunction::apply(
       query, key, value, attn_mask, is_causal, scale, need_weights,
-      a == 1 && dropout_p == 0 && keep_probabilities(query, key, value), a, dropout_p, seed);
+      a == 1 && keep_probabilities(query, key, value, dropout_p), a, dropout_p, seed);
   return {outs[0], outs[1]};
 }
 
@@ -576,12 +594,14 @@ TORCH_LIBRARY(attnlab, m) {
   m.def(
       "_sdpa_forward(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
       "bool is_causal, float? scale, bool need_weights, float dropout_p=0.0, "
-      "int dropout_seed=0) -> (Tensor output, Tensor logsumexp, Tensor weights)");
+      "int dropout_seed=0, bool weights_before_dropout=False) "
+      "-> (Tensor output, Tensor logsumexp, Tensor weights)");
   m.def(
       "_sdpa_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, "
       "Tensor? attn_mask, bool is_causal, float? scale, Tensor output, Tensor logsumexp, "
       "Tensor? weights=None, bool grad_mask=False, bool grad_weights=False, "
-      "Tensor? grad_attn_weights=None, float dropout_p=0.0, int dropout_seed=0) "
+      "Tensor? grad_attn_weights=None, float dropout_p=0.0, int dropout_seed=0, "
+      "bool weights_before_dropout=False) "
       "-> (Tensor grad_query, Tensor grad_key, Tensor grad_value, Tensor grad_attn_mask, "
       "Tensor grad_weights)");
   m.def(

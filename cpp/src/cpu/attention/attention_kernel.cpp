@@ -638,7 +638,7 @@ void dropout_lists(const Dropout& d, int64_t row0, int64_t rows, const SupportLi
     if (lists.state[r] != kRowValues) continue;
     const uint32_t key = dropout_row_key(d.seed, row0 + r);
     for (int64_t e = lists.start[r], end = e + lists.count[r]; e < end; ++e) {
-      const T factor = dropout_hash(key, lists.index[e]) >= threshold ? kept : T(0);
+      const T factor = dropout_keeps(key, lists.index[e], threshold) ? kept : T(0);
       lists.p[e] *= factor;
       lists.s[e] *= factor;
     }
@@ -810,6 +810,11 @@ bool forward_widens_heads(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
 }
 
 template <typename T>
+bool weights_undropped_fit(int64_t len_k, int64_t dim_qk, int64_t dim_v) {
+  return len_k > 0 && small_attention_fits<T>(len_k, dim_qk, dim_v);
+}
+
+template <typename T>
 bool attention_is_small(const AttentionProblem<T>& p) {
   return p.alpha == 1 && p.len_q > 0 && p.len_k > 0 &&
          small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v) &&
@@ -857,6 +862,8 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
   // summaries take the blocked path at every size, and so does dropout for a sparse normalizer.
   const bool small = p.len_k > 0 && summaries == nullptr && (!sparse || !p.dropout.active()) &&
                      small_attention_fits<T>(p.len_k, p.dim_qk, p.dim_v);
+  TORCH_CHECK(!p.dropout.weights_undropped || weights == nullptr || (small && !sparse),
+              "attention_forward: weights before dropout are written by the small kernels only");
   TORCH_CHECK(output16 == nullptr || (!small && p.narrow != AttentionProblem<T>::Narrow::none &&
                                       f32_gemm_available() && !sparse),
               "attention_forward: output16 is for narrow softmax problems on the blocked path");
@@ -994,7 +1001,7 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
       "with dropout_p > 0 is not differentiated; detach the weights, or use dropout_p=0");
   // With dropout the forward's weights are P ⊙ D: the blocks recompute P, and read the weights
   // only for the softmax row term of a gradient at them (Σ_j P_ij·D_ij·G_ij).
-  const T* probs_kept = dropout ? nullptr : weights;
+  const T* probs_kept = dropout && !p.dropout.weights_undropped ? nullptr : weights;
   // Every key in one vector: one register-resident pass per batch entry, which writes every
   // element of the gradients (no zero fill first: at the tutorials' shapes filling them cost
   // about as much as the kernel's arithmetic). A gradient of the weights takes the blocked
@@ -1325,6 +1332,8 @@ template void attention_backward<double>(const AttentionProblem<double>&,
                                          const double*, const double*, double*, double*,
                                          double*, double*, double*, const double*);
 
+template bool weights_undropped_fit<float>(int64_t, int64_t, int64_t);
+template bool weights_undropped_fit<double>(int64_t, int64_t, int64_t);
 template bool attention_is_small<float>(const AttentionProblem<float>&);
 template bool attention_is_small<double>(const AttentionProblem<double>&);
 template void attention_forward_rows<float>(const AttentionProblem<float>&,

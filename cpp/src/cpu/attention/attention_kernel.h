@@ -95,7 +95,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
 // are the forward's: its output and log-sum-exp for softmax, U and τ for a sparse normalizer
 // (δ = dO·row_values in both). weights, when not null, are its normalized weights
 // [batch, len_q, len_k], used instead of recomputing them (with dropout they are P ⊙ D, and
-// only a softmax gradient of the weights reads them). grad_weights, when not null, receives
+// only a softmax gradient of the weights reads them, unless Dropout::weights_undropped). grad_weights, when not null, receives
 // the gradient with respect to the weights taken as free variables, dP = grad_output·valueᵀ
 // [batch, len_q, len_k], at every position: masked ones and those the causal mask hides
 // included.
@@ -107,6 +107,11 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                         const T* row_values, const T* row_stat, const T* weights, T* grad_query,
                         T* grad_key, T* grad_value, T* grad_mask, T* grad_weights,
                         const T* weights_grad = nullptr);
+
+// Whether attention_forward writes the weights of a softmax problem of these sizes on the small
+// kernels, which alone can keep them before dropout (Dropout::weights_undropped).
+template <typename T>
+bool weights_undropped_fit(int64_t len_k, int64_t dim_qk, int64_t dim_v);
 
 // Whether attention_forward and attention_backward compute softmax problem p on the small
 // kernels, whose rows stay in registers (every key in one vector, at most 256 query rows per batch entry, the

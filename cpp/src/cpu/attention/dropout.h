@@ -4,10 +4,13 @@
 // the same mask without storing it, whatever the blocking, the order of the tiles or the
 // number of threads. A kept weight is scaled by 1/(1 − p), as torch's dropout does.
 //
-// The hash: a row key from SplitMix64's finalizer on seed + row·φ64, then per key
-// MurmurHash3's 32-bit finalizer of row_key ⊕ j·φ32 (a bijection in j, so the keys of one row
-// never share a value); the weight is kept when the hash is at least p·2³². 32-bit integer
-// multiplies and shifts, which vectorize (dropout.cpp).
+// The hash: a row key from SplitMix64's finalizer on seed + row·φ64, then per pair of keys
+// (2m, 2m + 1) MurmurHash3's 32-bit finalizer of row_key ⊕ m·φ32 (a bijection in m, so the
+// pairs of one row never share a value), whose low 16 bits decide key 2m and high 16 bits key
+// 2m + 1: a weight is kept when its 16 bits are at least p·2¹⁶ (p rounded to a multiple of
+// 2⁻¹⁶). 32-bit integer multiplies and shifts, which vectorize (dropout.cpp); one hash per two
+// keys, because at the tutorials' shapes the hashes cost as much as a fifth of the
+// forward+backward (benchmarks/attention_cpu.py, table dropout).
 
 #include <cmath>
 #include <cstdint>
@@ -17,11 +20,14 @@ namespace attnlab::cpu {
 struct Dropout {
   double p = 0;  // the probability of dropping a weight; 0: no dropout
   uint64_t seed = 0;
+  // The weights written are P, not the P ⊙ D that P·V takes: kept for a backward that makes D
+  // again (the small kernels only; see weights_undropped_fit).
+  bool weights_undropped = false;
   bool active() const { return p > 0; }
-  // Weights whose hash is below it are dropped.
+  // Weights whose 16 bits are below it are dropped.
   uint32_t threshold() const {
-    const double t = std::nearbyint(p * 4294967296.0);
-    return t >= 4294967295.0 ? 4294967295u : static_cast<uint32_t>(t);
+    const double t = std::nearbyint(p * 65536.0);
+    return t >= 65535.0 ? 65535u : static_cast<uint32_t>(t);
   }
   double kept_scale() const { return 1 / (1 - p); }
 };
@@ -34,14 +40,20 @@ inline uint32_t dropout_row_key(uint64_t seed, int64_t row) {
   return static_cast<uint32_t>(x ^ (x >> 32));
 }
 
-inline uint32_t dropout_hash(uint32_t row_key, int64_t col) {
-  uint32_t h = row_key ^ (static_cast<uint32_t>(col) * 0x9E3779B9u);
+// The hash of keys 2·pair and 2·pair + 1.
+inline uint32_t dropout_hash(uint32_t row_key, int64_t pair) {
+  uint32_t h = row_key ^ (static_cast<uint32_t>(pair) * 0x9E3779B9u);
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;
   h ^= h >> 13;
   h *= 0xC2B2AE35u;
   h ^= h >> 16;
   return h;
+}
+
+// Whether key col of the row with this key is kept.
+inline bool dropout_keeps(uint32_t row_key, int64_t col, uint32_t threshold) {
+  return ((dropout_hash(row_key, col >> 1) >> (16 * (col & 1))) & 0xFFFFu) >= threshold;
 }
 
 // x[r·ld + c] for r < rows, c < cols holds weights of rows row0 + r (b·len_q + i) and keys

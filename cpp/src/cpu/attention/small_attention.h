@@ -34,7 +34,8 @@ constexpr bool small_attention_fits(int64_t len_k, int64_t dim_qk, int64_t dim_v
 // j < clamp(visible_base + r, 0, len_k) (kAllVisible: all). weights (nullable, row stride
 // ld_weights) receives the probabilities of the len_k keys. A row that sees no key gets zeros
 // and lse −inf; NaN scores make the row NaN. dropout (nullable): P ⊙ D takes P's place in P·V
-// and the weights, D that of the rows dropout_row0 + r (dropout.h).
+// and the weights (P stays in the weights with dropout->weights_undropped), D that of the rows
+// dropout_row0 + r (dropout.h).
 void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                           const float* q, int64_t ldq, const float* k, int64_t ldk,
                           const float* v, int64_t ldv, const float* mask, int64_t mask_ld,
@@ -52,8 +53,7 @@ void small_attention_rows(int64_t rows, int64_t len_k, int64_t dim_qk, int64_t d
 // [len_q, dim_qk], dk [len_k, dim_qk] and dv [len_k, dim_v], their rows ld_dq, ld_dk and ld_dv
 // apart, are written (not accumulated);
 // dmask and dweights (nullable, [len_q, len_k]) receive dS and dP = dO·Vᵀ. probs (nullable,
-// row stride len_k) are the forward's probabilities, recomputed from lse when null (and null
-// with dropout, whose weights are P ⊙ D). visible_base as above for the first row (1 under the
+// row stride len_k) are the forward's probabilities P, recomputed from lse when null. visible_base as above for the first row (1 under the
 // causal mask); dropout and dropout_row0 (the first row's) as the forward's.
 void small_attention_backward(int64_t len_q, int64_t len_k, int64_t dim_qk, int64_t dim_v,
                               const float* q, int64_t ldq, const float* k, int64_t ldk,

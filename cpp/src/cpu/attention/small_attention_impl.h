@@ -167,11 +167,16 @@ ATTNLAB_INLINE void dropout_vectors(const Dropout& d, int64_t row0, int64_t len_
   for (int64_t i = 0; i < L; ++i) keys[i] = dropout_row_key(d.seed, row0 + i);
   const uint32_t threshold = d.threshold();
   const T kept = static_cast<T>(d.kept_scale());
-  for (int64_t j = 0; j < len_k; ++j) {
-    alignas(64) T lanes[L];
+  for (int64_t j = 0; j < len_k; j += 2) {  // one hash per lane for keys j and j + 1
+    alignas(64) T low[L], high[L];
 #pragma omp simd
-    for (int64_t i = 0; i < L; ++i) lanes[i] = dropout_hash(keys[i], j) >= threshold ? kept : T(0);
-    std::memcpy(&dt[j], lanes, sizeof(lanes));
+    for (int64_t i = 0; i < L; ++i) {
+      const uint32_t h = dropout_hash(keys[i], j >> 1);
+      low[i] = (h & 0xFFFFu) >= threshold ? kept : T(0);
+      high[i] = (h >> 16) >= threshold ? kept : T(0);
+    }
+    std::memcpy(&dt[j], low, sizeof(low));
+    if (j + 1 < len_k) std::memcpy(&dt[j + 1], high, sizeof(high));
   }
 }
 
@@ -246,13 +251,19 @@ ATTNLAB_INLINE void small_attention_rows_impl(int64_t rows, int64_t len_k, int64
     // pt[j] = P[:, j] (keys past len_k zero, for the transpose of the weights).
     alignas(64) Vec<T> pt[K];
     for (int64_t j = 0; j < K; ++j) pt[j] = j < len_k ? st[j] * inv_sums : Vec<T>{};
+    const bool undropped = dropout && dropout->weights_undropped;
+    if (weights && undropped) {
+      store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
+    }
     if (dropout) {  // P ⊙ D, the weights P·V takes and returns
       alignas(64) Vec<T> dt[K];
       dropout_vectors<T>(*dropout, dropout_row0 + r0, len_k, dt);
       for (int64_t j = 0; j < len_k; ++j) pt[j] *= dt[j];
     }
     weighted_rows(pt, len_k, v, ldv, dim_v, group, out + r0 * ld_out, ld_out);
-    if (weights) store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
+    if (weights && !undropped) {
+      store_key_vectors_as_rows(pt, len_k, group, weights + r0 * ld_weights, ld_weights);
+    }
     // A row that sees no key gets zeros and lse −inf, or NaN when one of its scores was NaN
     // (its sum is then NaN, and 0 otherwise).
     const Vec<T> unseen = (maxima == kNegInf) & (lane < static_cast<T>(group)) ? T(1) : T(0);

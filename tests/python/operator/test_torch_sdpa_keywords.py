@@ -113,3 +113,17 @@ def test_torch_jit_script_compiles_a_caller():
     scripted = torch.jit.script(causal_attention)
     q, k, v = _grouped_inputs(heads=2)
     assert torch.equal(scripted(q, k, v), causal_attention(q, k, v))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
+def test_torch_jit_script_keeps_dropout_and_its_seed():
+    def dropped(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+        return attnlab.scaled_dot_product_attention(q, k, v, dropout_p=p)[0]
+
+    scripted = torch.jit.script(dropped)
+    q, k, v = _grouped_inputs(heads=2)
+    torch.manual_seed(3)
+    expected = dropped(q, k, v, 0.5)
+    torch.manual_seed(3)
+    assert torch.equal(scripted(q, k, v, 0.5), expected)
+    assert not torch.equal(expected, dropped(q, k, v, 0.0))

@@ -12,12 +12,15 @@ Prints markdown tables, each headed by the machine (CPU model and ISA, threads, 
   matmul → softmax → matmul formulation;
 - forward+backward with need_weights=True and a loss on the weights too, against the loss on
   the output alone, per normalizer at L = 512-2048;
+- forward+backward with dropout_p = 0.1 against attnlab's own dropout_p = 0 and against torch's
+  SDPA with dropout_p = 0.1;
 - the peak extra memory at L = 8192.
 Ratio = PyTorch time / attnlab time (> 1 means attnlab is faster).
 
     python benchmarks/attention_cpu.py [--min-run-time 0.5] [--rounds 5]
                                        [--dtypes float32 bfloat16 float16]
-                                       [--skip-weights] [--skip-memory] [--json PATH]
+                                       [--skip-weights] [--skip-dropout] [--skip-memory]
+                                       [--json PATH]
 """
 
 import argparse
@@ -151,6 +154,36 @@ def weights_grad_table(min_run_time, rounds=5):
     return rows
 
 
+DROPOUT_P = 0.1
+
+
+def dropout_table(min_run_time, rounds=5):
+    """Forward+backward with dropout on the weights: attnlab at p = DROPOUT_P against attnlab at
+    p = 0 and against torch's SDPA at p = DROPOUT_P (float32)."""
+    rows = []
+    for B, H, L, E in SHAPES:
+        q, k, v = inputs(B, H, L, E, torch.float32)
+        grad = torch.ones(B, H, L, E)
+        for is_causal in (False, True):
+            def step(p, ours=True, is_causal=is_causal):
+                def run():
+                    if ours:
+                        out = attnlab.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                                   dropout_p=p)[0]
+                    else:
+                        out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
+                                                             dropout_p=p)
+                    out.backward(grad)
+                return run
+            with_dropout, without, torch_time = compare(
+                [step(DROPOUT_P), step(0.0), step(DROPOUT_P, ours=False)], min_run_time, rounds)
+            rows.append([f"({B}, {H}, {L}, {E})", is_causal, f"{with_dropout * 1e3:.3f}",
+                         f"{without * 1e3:.3f}", f"{torch_time * 1e3:.3f}",
+                         f"{without / with_dropout:.2f}", f"{torch_time / with_dropout:.2f}"])
+            print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
 MEMORY_PROBE = r"""
 import sys, torch, attnlab
 import torch.nn.functional as F
@@ -187,6 +220,7 @@ def main(argv=None):
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES),
                         help="dtypes of the attnlab vs torch SDPA tables (default: all three)")
     parser.add_argument("--skip-weights", action="store_true", help="skip the need_weights table")
+    parser.add_argument("--skip-dropout", action="store_true", help="skip the dropout table")
     parser.add_argument("--skip-memory", action="store_true", help="skip the L = 8192 memory probe")
     add_json_argument(parser)
     args = parser.parse_args(argv)
@@ -221,6 +255,14 @@ def main(argv=None):
                      ["(B, H, L, E)", "normalizer", "causal", "loss on both", "loss on output",
                       "cost of the weights' gradient"],
                      weights_grad_table(args.min_run_time, args.rounds))
+    if not args.skip_dropout:
+        report.table("dropout", f"attnlab forward+backward with dropout_p={DROPOUT_P} vs "
+                                "attnlab with dropout_p=0 and vs torch's SDPA with "
+                                f"dropout_p={DROPOUT_P} (float32, ms, median; speed ratios, "
+                                "> 1 where attnlab with dropout is faster)",
+                     ["(B, H, L, E)", "causal", f"attnlab p={DROPOUT_P}", "attnlab p=0",
+                      f"torch SDPA p={DROPOUT_P}", "vs attnlab p=0", "vs torch"],
+                     dropout_table(args.min_run_time, args.rounds))
     if not args.skip_memory:
         report.table("memory", "Peak extra memory of one forward+backward after a warm-up run, "
                                "(1, 1, L, 64), no weights (MiB, growth of peak RSS; the output "

@@ -143,6 +143,18 @@ def cpu_summary(records: dict[str, dict]) -> list[tuple[str, str, str]]:
                           "weights", span(column(header, rows, "cost of weights")) + "×"))
             lines.append(("need_weights=True, float32, every shape",
                           "matmul → softmax → matmul", span(column(header, rows, "vs plain")) + "×"))
+        found = table("dropout", attention)
+        if found:
+            header, rows = found
+            for label, which in (("tutorial shapes (L ≤ 16)", tutorial),
+                                 ("L = 512–2048", long)):
+                chosen = rows_where(header, rows, **{"(B, H, L, E)": which})
+                lines.append((f"dropout_p=0.1, float32 forward+backward, {label}",
+                              "attnlab with dropout_p=0 (speed ratio)",
+                              span(column(header, chosen, "vs attnlab p=0")) + "×"))
+                lines.append((f"dropout_p=0.1, float32 forward+backward, {label}",
+                              "torch SDPA, dropout_p=0.1",
+                              span(column(header, chosen, "vs torch")) + "×"))
         found = table("memory", attention)
         if found:
             header, rows = found

@@ -17,8 +17,8 @@ that accepts ``attn_implementation`` runs every attention layer through
   output (``need_weights=True``), and are differentiable as eager's are. Otherwise no ``L x L`` weights
   tensor is made. transformers refuses ``output_attentions=True`` *in the config* (at
   ``from_pretrained`` or on ``model.config``) for every implementation but ``"eager"``; ask for
-  them per call instead. Models whose layers do not pass the request on (GPT-2, Falcon) get their
-  attentions too.
+  them per call instead. Models whose layers do not pass the request on (GPT-2, Falcon,
+  Pix2Struct's vision encoder) get their attentions too.
 - **Masks** are transformers' boolean masks (``True`` = may attend), or ``None`` with a causal
   flag when no padding is present; 4-D masks given by the caller (boolean or additive float)
   are passed on as they are, but for rows that may attend to no key (below).
@@ -30,7 +30,9 @@ that accepts ``attn_implementation`` runs every attention layer through
   are the weights after dropout, as eager's are.
 - Features the operator lacks (soft-capping, attention sinks, position biases, paged caches,
   flash-attention packing arguments) and keyword arguments this backend does not know raise,
-  rather than being ignored.
+  rather than being ignored. So does LongT5, whose encoder computes its attention in its own
+  layers, never through the interface: it would otherwise run its own attention under this
+  name.
 - A query row whose keys are all masked (e.g. left padding in a causal model) gets what
   ``"eager"`` gives it: uniform weights over all keys, and eager's gradients. transformers'
   shifted loss reads the logits at the last such position, so padded training gives eager's
@@ -53,7 +55,7 @@ import sys
 import torch
 
 try:
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, PreTrainedModel
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 except ImportError as error:
     raise ImportError(
@@ -72,6 +74,8 @@ NAME = "attnlab"
 
 SPARSE_NAMES = {"attnlab_sparsemax": ("sparsemax", None), "attnlab_entmax15": ("entmax15", None)}
 """The sparse-normalizer backends this module also registers: name → (normalizer, alpha)."""
+
+_registered: set[str] = set()  # every name register() has given transformers
 
 # Keyword arguments models pass to their attention function that do not change what the
 # attention computes here (transformers has already folded them into the mask, or they are for
@@ -115,8 +119,11 @@ def _weights_requested(output_attentions) -> bool:
     ``output_attentions`` on to the attention function at all. Others pass
     ``output_attentions`` down, which is honoured too. (Without the collector, in another
     transformers version, GPT-2-like models would then return no attentions, never wrong ones;
-    the tests catch it.) Layers that take ``output_attentions`` and keep it (Falcon) are read
-    from their own call: the layer that called the attention function.
+    the tests catch it.) Where a module takes ``output_attentions`` and keeps it, the request
+    is read from its call: the nearest caller whose ``output_attentions`` argument is ``True``
+    or ``False``, looking no further up than the model's own ``forward``. That caller is the
+    attention layer itself in Falcon, and the encoder two modules above it in Pix2Struct's
+    vision model.
     """
     if output_attentions:
         return True
@@ -124,12 +131,21 @@ def _weights_requested(output_attentions) -> bool:
         collected = _active_collector.get()
         if collected and any(key.endswith("attentions") for key in collected):
             return True
-    # Attention layers that take output_attentions but do not pass it on (Falcon): the argument
-    # of the layer that called the attention function (the first caller outside this module).
     frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
+    while frame is not None:
+        code = frame.f_code
+        # f_locals copies a frame's variables: read only those of forward methods (the model's
+        # among them) and of functions with an output_attentions argument.
+        if frame.f_globals.get("__name__") != __name__ and (
+                code.co_name == "forward" or "output_attentions" in code.co_varnames):
+            local = frame.f_locals
+            requested = local.get("output_attentions")
+            if isinstance(requested, bool):
+                return requested
+            if isinstance(local.get("self"), PreTrainedModel):
+                return False  # the model's forward, which does not take the argument
         frame = frame.f_back
-    return frame is not None and frame.f_locals.get("output_attentions") is True
+    return False
 
 
 def _check_kwargs(module: torch.nn.Module, kwargs: dict) -> None:
@@ -251,9 +267,48 @@ def register(name: str = NAME, normalizer: str = "softmax", alpha: float | None 
             return attention_forward(*args, normalizer=normalizer, alpha=alpha, **kwargs)
     AttentionInterface.register(name, forward)
     AttentionMaskInterface.register(name, sdpa_mask)
+    _registered.add(name)
+
+
+def _refuse_longt5() -> None:
+    """Make LongT5 refuse the names registered here when it runs.
+
+    LongT5's encoder computes its local or transient-global attention in its own layers
+    (``LongT5LocalAttention``, ``LongT5TransientGlobalAttention``: blocks of ``local_radius + 1``
+    queries against three blocks of keys, plus the global tokens, with their relative position
+    biases), never through the ``AttentionInterface``; its decoder's layers pass a relative
+    position bias, which the attention function refuses. ``LongT5EncoderModel`` never calls the
+    attention function at all: under ``attn_implementation="attnlab"`` it would run its own
+    attention without a word. Its stacks (``LongT5Stack``, encoder and decoder) check the
+    name when they run instead.
+    """
+    try:
+        from transformers.models.longt5.modeling_longt5 import LongT5Stack
+    except ImportError:  # pragma: no cover - a transformers without LongT5
+        return
+    forward = LongT5Stack.forward
+    if getattr(forward, "_refuses_attnlab", False):
+        return
+
+    @functools.wraps(forward)
+    def refusing_forward(self, *args, **kwargs):
+        implementation = self.config._attn_implementation
+        if implementation in _registered:
+            raise ValueError(
+                f"attn_implementation='{implementation}': LongT5 computes its encoder's local and "
+                "transient-global attention in its own layers (LongT5LocalAttention, "
+                "LongT5TransientGlobalAttention), not through transformers' AttentionInterface, "
+                "so attnlab would not run it, and its decoder adds a relative position bias to "
+                "the scores, which this backend does not support; use "
+                "attn_implementation='eager' for this model")
+        return forward(self, *args, **kwargs)
+
+    refusing_forward._refuses_attnlab = True
+    LongT5Stack.forward = refusing_forward
 
 
 register()
+_refuse_longt5()
 for _name, (_normalizer, _alpha) in SPARSE_NAMES.items():
     register(_name, _normalizer, _alpha)
 del _name, _normalizer, _alpha

@@ -42,7 +42,7 @@ def test_attention_tables(monkeypatch, capsys, one_thread, tmp_path):
     saved = json.loads((tmp_path / "a.json").read_text())
     assert [(t["header"], t["rows"]) for t in saved["tables"]] == parse_tables(out)
     assert [t["key"] for t in saved["tables"]] == ["float32", "bfloat16", "weights",
-                                                   "weights_grad"]
+                                                   "weights_grad", "dropout"]
     assert saved["command"] == ("python3 benchmarks/attention_cpu.py --min-run-time 0.01 "
                                 "--rounds 1 --dtypes float32 bfloat16 --skip-memory")
     assert saved["machine"]["threads"] == 1 and saved["machine"]["torch"] == torch.__version__
@@ -51,7 +51,7 @@ def test_attention_tables(monkeypatch, capsys, one_thread, tmp_path):
     peak = float(re.search(r"float32 FMA peak \(registers only, all 1 threads\): (\d+) GFLOP/s",
                            out).group(1))
     assert ("attnlab" in out.split("GEMM rates")[1].splitlines()[0]) == HAS_OWN_GEMM
-    float32, bfloat16, weights, weights_grad = parse_tables(out)
+    float32, bfloat16, weights, weights_grad, dropout = parse_tables(out)
     assert float32[0][-2:] == ["% of GEMM rate", "% of FMA peak"]
     assert "% of GEMM rate" not in bfloat16[0]
     for header, rows in (float32, bfloat16):
@@ -83,6 +83,12 @@ def test_attention_tables(monkeypatch, capsys, one_thread, tmp_path):
     assert [row[1] for row in rows] == ["softmax"] * 2 + ["sparsemax"] * 2 + ["entmax15"] * 2
     for row in rows:
         assert matches_rounded(float(row[-1]), float(row[3]), float(row[4])), row
+    header, rows = dropout
+    assert header[-2:] == ["vs attnlab p=0", "vs torch"] and len(rows) == 2 * 2  # × causal
+    for row in rows:
+        with_dropout, without, torch_time = (float(cell) for cell in row[2:5])
+        assert matches_rounded(float(row[-2]), without, with_dropout), row
+        assert matches_rounded(float(row[-1]), torch_time, with_dropout), row
 
 
 def test_encoder_table(monkeypatch, capsys):

@@ -63,6 +63,21 @@ def _reference(q, k, v, mask, causal, normalizer, alpha, d):
     return weights @ v.double(), weights
 
 
+def _assert_float32_matches(q, k, v, mask, causal, normalizer, alpha, d, out, w, gen):
+    """out (and w, unless None) of float32 q, k, v, and their gradients, against the float64
+    reference with the same mask d."""
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected, expected_w = _reference(q64, k64, v64, mask, causal, normalizer, alpha, d)
+    reference.assert_close(out, expected, "output", torch.float32)
+    if w is not None:
+        reference.assert_close(w, expected_w, "weights", torch.float32)
+    grad = torch.randn(out.shape, generator=gen)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(expected, (q64, k64, v64), grad.double())
+    for name, a, b in zip("qkv", got, want):
+        reference.assert_close(a, b, f"d{name}", torch.float32, gradient=True)
+
+
 @pytest.mark.parametrize("mask_kind", MASKS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @by_normalizer
@@ -99,14 +114,7 @@ def test_float32_without_weights_equals_the_reference(normalizer, alpha, causal)
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out, _, seed = _run(q, k, v, None, causal, normalizer, alpha, 0.1, 3, need_weights=False)
     d = functional.dropout_mask((2, 2, 200, 260), 0.1, seed)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected, _ = _reference(q64, k64, v64, None, causal, normalizer, alpha, d)
-    reference.assert_close(out, expected, "output", torch.float32)
-    grad = torch.randn(out.shape, generator=gen)
-    got = torch.autograd.grad(out, (q, k, v), grad)
-    want = torch.autograd.grad(expected, (q64, k64, v64), grad.double())
-    for name, a, b in zip("qkv", got, want):
-        reference.assert_close(a, b, f"d{name}", torch.float32, gradient=True)
+    _assert_float32_matches(q, k, v, None, causal, normalizer, alpha, d, out, None, gen)
 
 
 @pytest.mark.parametrize("need_weights", [False, True])
@@ -121,16 +129,8 @@ def test_float32_tutorial_shapes_equal_the_reference(shape, mask_kind, need_weig
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out, w, seed = _run(q, k, v, mask, causal, "softmax", None, 0.2, 5, need_weights)
     d = functional.dropout_mask((*batch, len_q, len_k), 0.2, seed)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
-    expected, expected_w = _reference(q64, k64, v64, mask, causal, "softmax", None, d)
-    reference.assert_close(out, expected, "output", torch.float32)
-    if need_weights:
-        reference.assert_close(w, expected_w, "weights", torch.float32)
-    grad = torch.randn(out.shape, generator=gen)
-    got = torch.autograd.grad(out, (q, k, v), grad)
-    want = torch.autograd.grad(expected, (q64, k64, v64), grad.double())
-    for name, a, b in zip("qkv", got, want):
-        reference.assert_close(a, b, f"d{name}", torch.float32, gradient=True)
+    _assert_float32_matches(q, k, v, mask, causal, "softmax", None, d, out,
+                            w if need_weights else None, gen)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -143,6 +143,30 @@ def test_a_fully_masked_row_has_zero_summaries(normalizer, alpha):
     assert (result.to[..., 4, :] == 0).all()
 
 
+@by_normalizer
+def test_tied_zeros_in_the_top_k_go_to_the_lower_keys(normalizer, alpha):
+    # Long rows (a sparse normalizer's support lists) with large scores: most supports are
+    # shorter than k, so the top-k ends in zeros, which must sit at the lowest keys outside the
+    # support, as in a dense row's (stable) descending sort. A repeated key in `to` is reported
+    # at each of its places; a fully masked row is all zeros at keys 0 .. k-1.
+    q, k, v = _make(2, 20, 16, seed=9, scale=3.0), _make(2, 300, 16, seed=10), _make(2, 300, 4,
+                                                                                     seed=11)
+    mask = torch.ones(20, 300, dtype=torch.bool)
+    mask[7] = False
+    mask[3, :150] = False
+    summary = WeightSummary(topk=8, to=[5, 0, 5])
+    _, result = sdpa(q, k, v, mask, normalizer=normalizer, alpha=alpha, summary=summary)
+    _, ref_weights = reference.attention(q, k, v, mask, normalizer=normalizer, alpha=alpha)
+    assert_summaries(result, ref_weights, summary, torch.float32)
+    stable = ref_weights.sort(dim=-1, descending=True, stable=True).indices[..., :8]
+    zeros = result.topk_weights == 0
+    assert torch.equal(result.topk_indices[zeros], stable[zeros])
+    assert (result.topk_indices[:, 7] == torch.arange(8)).all()
+    assert torch.equal(result.to[..., 0], result.to[..., 2])
+    if normalizer != "softmax":
+        assert zeros.any(), "no row with a support shorter than k: the case is not exercised"
+
+
 def test_the_output_keeps_its_gradient_and_the_summaries_have_none():
     q, k, v, mask = _case(CASES[2])
     q.requires_grad_()

@@ -908,7 +908,7 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                                        ? block_q * p.len_k
                                        : 0);
     std::optional<SparseBlock<T>> sparse_block;
-    if (sparse) sparse_block.emplace(block_q, p.len_k, rows_of_weights);
+    if (sparse) sparse_block.emplace(block_q, p.len_k, weights != nullptr);
     const SparseNormalizer nz = sparse ? sparse_normalizer(p.alpha) : SparseNormalizer{};
     HeadPacker packer;
     const bool packing = pack_heads(p) || pack_heads_bf16(p);
@@ -937,7 +937,11 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
       }
       T* out = output16 != nullptr ? out_rows.data() : output + (b * p.len_q + i0) * p.dim_v;
       T* lse = row_stat + b * p.len_q + i0;
-      T* const weight_rows = summaries != nullptr ? summary_rows.data()
+      // A sparse normalizer's rows long enough for support lists are summarized from the
+      // lists, never made dense (forward_sparse's kShortRow).
+      const bool summary_lists = summaries != nullptr && sparse && key_end(p, i0, rows) > kShortRow;
+      T* const weight_rows = summary_lists        ? nullptr
+                             : summaries != nullptr ? summary_rows.data()
                              : weights != nullptr ? weights + (b * p.len_q + i0) * p.len_k
                                                   : nullptr;
       if (sparse) {
@@ -969,7 +973,10 @@ void attention_forward(const AttentionProblem<T>& p, T* output, T* row_stat, T* 
                           output16 + (b * p.len_q + i0) * p.dim_v, p.dim_v);
         }
       }
-      if (summaries != nullptr) {
+      if (summary_lists) {
+        summarize_lists(*summaries, p.len_q, p.len_k, b, i0, rows, sparse_block->lists(),
+                        partials);
+      } else if (summaries != nullptr) {
         summarize_rows(*summaries, p.len_q, p.len_k, b, i0, rows, summary_rows.data(), p.len_k,
                        partials, entropy_from_dots ? entropies.data() : nullptr);
       }
@@ -1040,8 +1047,11 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
                p.len_q, Ev, delta.data() + b * p.len_q);
       if (weights_grad == nullptr) continue;
       // A gradient G at the weights adds Σ_j P_ij·G_ij (softmax) or Σ_j s_ij·G_ij / Σ_j s_ij
-      // to the row term, as dP does (s = p^{2−α}, sparse_support_from_probs).
-      std::vector<T> support_row(sparse ? p.len_k : 0);
+      // to the row term, as dP does (s = p^{2−α}, sparse_support_from_probs). A sparse row
+      // reads G only in the chunks of keys where p has a non-zero: both are L² in memory, and
+      // G mostly unread halves this pass's traffic.
+      constexpr int64_t kChunk = 64;
+      T support_chunk[kChunk];
       for (int64_t i = 0; i < p.len_q; ++i) {
         const T* pw = weights + (b * p.len_q + i) * p.len_k;
         const T* g = weights_grad + (b * p.len_q + i) * p.len_k;
@@ -1052,12 +1062,15 @@ void attention_backward(const AttentionProblem<T>& p, const BatchedRows<T>& grad
           delta[b * p.len_q + i] += sum;
           continue;
         }
-        sparse_support_from_probs(pw, p.len_k, support_row.data(), p.len_k, 1, p.len_k, nz);
         T weighted = 0, total = 0;
+        for (int64_t j0 = 0; j0 < p.len_k; j0 += kChunk) {
+          const int64_t n = std::min(kChunk, p.len_k - j0);
+          if (sparse_support_from_probs(pw + j0, n, support_chunk, n, 1, n, nz) == 0) continue;
 #pragma omp simd reduction(+ : weighted, total)
-        for (int64_t j = 0; j < p.len_k; ++j) {
-          weighted += support_row[j] * g[j];
-          total += support_row[j];
+          for (int64_t j = 0; j < n; ++j) {
+            weighted += support_chunk[j] * g[j0 + j];
+            total += support_chunk[j];
+          }
         }
         if (total > 0) delta[b * p.len_q + i] += weighted / total;
       }

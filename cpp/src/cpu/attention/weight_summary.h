@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "cpu/attention/sparse_rows.h"
+
 namespace attnlab::cpu {
 
 // Which summaries attention_forward reduces and where they go, each contiguous at the
@@ -30,6 +32,9 @@ template <typename T>
 struct SummaryPartials {
   std::vector<T> received, pooled;
   std::vector<T> scratch;  // the top-k's group maxima
+  std::vector<T> columns;  // column sums of the rows of one pool block (summarize_rows)
+  std::vector<T> row;      // one row made dense (summarize_lists' rows without values)
+  std::vector<int32_t> to_slot;  // per key: its first position in s.to, or −1
 };
 
 template <typename T>
@@ -43,6 +48,14 @@ template <typename T>
 void summarize_rows(const WeightSummaries<T>& s, int64_t len_q, int64_t len_k, int64_t b,
                     int64_t i0, int64_t rows, const T* w, int64_t ld,
                     SummaryPartials<T>& partials, const T* entropies = nullptr);
+
+// The same for rows whose weights are a sparse normalizer's support lists (sparse_rows.h) for
+// rows [0, rows) of the lists: O(support) per row instead of O(len_k). A row without values
+// (empty or NaN) is made dense and reduced as by summarize_rows.
+template <typename T>
+void summarize_lists(const WeightSummaries<T>& s, int64_t len_q, int64_t len_k, int64_t b,
+                     int64_t i0, int64_t rows, const SupportLists<T>& lists,
+                     SummaryPartials<T>& partials);
 
 // Adds partials into s's received and pooled (serialised by the caller).
 template <typename T>

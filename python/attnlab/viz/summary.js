@@ -200,6 +200,16 @@
 
   // ---- heat maps (pooled map and zoomed block) --------------------------------------------
 
+  // The chosen query's row in a heat map: a red mark in the left margin at height y.
+  function queryMark(context, y) {
+    context.fillStyle = "#d62728";
+    context.beginPath();
+    context.moveTo(LEFT - 1, y);
+    context.lineTo(LEFT - 8, y - 4);
+    context.lineTo(LEFT - 8, y + 4);
+    context.fill();
+  }
+
   // A heat map of [rows, cols] values with a transparent overlay canvas on top for marks;
   // `cell` is the side of one cell in CSS px (below 1 when there are more cells than pixels).
   function heatMap(values, rows, cols, className, axes) {
@@ -285,14 +295,7 @@
       }
       if (state.hoverBlock) box(state.hoverBlock.row, state.hoverBlock.col, "#000", 1);
       if (state.block) box(state.block[0], state.block[1], "#d62728", 2);
-      // The chosen query's row: a mark in the margin.
-      const y = MARGIN + (state.query + 0.5) / P * c;
-      o.fillStyle = "#d62728";
-      o.beginPath();
-      o.moveTo(LEFT - 1, y);
-      o.lineTo(LEFT - 8, y - 4);
-      o.lineTo(LEFT - 8, y + 4);
-      o.fill();
+      queryMark(o, MARGIN + (state.query + 0.5) / P * c);
     };
     map.overlay.addEventListener("mousemove", (event) => {
       const cell = map.cellAt(event);
@@ -390,14 +393,8 @@
     const draw = (cell) => {
       const o = map.overlay.getContext("2d");
       o.clearRect(0, 0, map.width, map.height);
-      if (state.query >= q0 && state.query < q1) {  // the chosen query's row
-        const y = MARGIN + (state.query - q0 + 0.5) * map.cell;
-        o.fillStyle = "#d62728";
-        o.beginPath();
-        o.moveTo(LEFT - 1, y);
-        o.lineTo(LEFT - 8, y - 4);
-        o.lineTo(LEFT - 8, y + 4);
-        o.fill();
+      if (state.query >= q0 && state.query < q1) {
+        queryMark(o, MARGIN + (state.query - q0 + 0.5) * map.cell);
       }
       if (!cell) return;
       o.strokeStyle = "#000";

@@ -201,6 +201,44 @@ def test_choosing_a_query_draws_its_k_arcs(page, recorded, shots):
     page.check_clean()
 
 
+def query_mark_height(page, selector):
+    """The CSS-pixel height of the red mark in a heat map's left margin (None: no mark)."""
+    return page.page.locator(f"{selector} .attnlab-heat-overlay").evaluate("""canvas => {
+        const ratio = canvas.width / canvas.clientWidth;
+        const x = Math.round((Number(canvas.dataset.left) - 4) * ratio);
+        const pixels = canvas.getContext("2d").getImageData(x, 0, 1, canvas.height).data;
+        const rows = [];
+        for (let y = 0; y < canvas.height; ++y) {
+            const [r, g, b, a] = pixels.slice(4 * y, 4 * y + 4);
+            if (a > 128 && r > 180 && g < 90 && b < 90) rows.push(y);
+        }
+        return rows.length ? (rows[0] + rows[rows.length - 1] + 1) / 2 / ratio : null;
+    }""")
+
+
+def test_the_chosen_query_is_marked_beside_both_maps(page):
+    layer, head, q_block, k_block = ZOOMED
+    page.page.select_option(".attnlab-layer select", str(layer))
+    page.page.select_option(".attnlab-head select", str(head))
+    click_cell(page, ".attnlab-pooled-map", q_block, k_block)
+    query = q_block * POOL + 12
+    page.page.fill(".attnlab-query-input", str(query))
+    page.page.press(".attnlab-query-input", "Enter")
+    for selector, row in ((".attnlab-pooled-map", (query + 0.5) / POOL),
+                          (".attnlab-zoom-map", query - q_block * POOL + 0.5)):
+        overlay = page.page.locator(f"{selector} .attnlab-heat-overlay")
+        expected = float(overlay.get_attribute("data-top")) + \
+            row * float(overlay.get_attribute("data-cell-height"))
+        height = query_mark_height(page, selector)
+        assert height is not None and abs(height - expected) <= 1.5, (selector, height, expected)
+    # A query outside the zoomed block: marked beside the pooled map only.
+    page.page.fill(".attnlab-query-input", "100")
+    page.page.press(".attnlab-query-input", "Enter")
+    assert query_mark_height(page, ".attnlab-zoom-map") is None
+    assert query_mark_height(page, ".attnlab-pooled-map") is not None
+    page.check_clean()
+
+
 def test_hovering_reads_exact_values_and_dragging_zooms_into_positions(page, recorded):
     summaries, _ = recorded
     received = summaries[0].received[0, 0].double()

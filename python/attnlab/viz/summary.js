@@ -448,7 +448,10 @@
     }
     const {L, H, K} = counts();
     const means = meanEntropies();
-    const low = Math.min(...means), high = Math.max(...means);
+    // Coloured on the entropy's own range, 0 (all weight on one key) to ln K (uniform): scaled
+    // between the heads' lowest and highest means, heads that differ in the third digit looked
+    // as far apart as one-key and uniform heads.
+    const top = Math.log(K);
     const table = element("table", "attnlab-entropy-grid");
     const head = element("tr");
     head.append(element("th"));
@@ -459,7 +462,7 @@
       row.append(element("th", null, "layer " + spec.layers[l]));
       for (let h = 0; h < H; h++) {
         const mean = means[l * H + h];
-        const t = high > low ? (mean - low) / (high - low) : 0.5;
+        const t = top > 0 ? Math.min(Math.max(mean / top, 0), 1) : 0.5;
         const [r, g, b] = colour(t);
         const cell = element("td", "attnlab-entropy-cell", number(mean));
         cell.style.backgroundColor = `rgb(${r},${g},${b})`;
@@ -478,7 +481,8 @@
     }
     panel.append(element("div", "attnlab-caption",
                          `Mean entropy of each head's queries, in nats (uniform over all ${K} ` +
-                         `keys: ln ${K} = ${Math.log(K).toFixed(2)}). Click a head to show it.`),
+                         `keys: ln ${K} = ${Math.log(K).toFixed(2)}), coloured from 0 (dark) ` +
+                         `to ln ${K} (light). Click a head to show it.`),
                  table);
   }
 

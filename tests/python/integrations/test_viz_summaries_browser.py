@@ -125,6 +125,40 @@ def test_the_entropy_grid_shows_each_head_s_mean_and_selects_it(page, recorded):
     page.check_clean()
 
 
+def grid_colours(browser, path, summaries):
+    """The entropy grid's cell colours [cells, 3] and its caption, on a page of summaries."""
+    opened = Page(browser, viz.summary_view(summaries).save(path))
+    try:
+        colours = opened.page.locator(".attnlab-entropy-cell").evaluate_all(
+            "cells => cells.map(c => getComputedStyle(c).backgroundColor)")
+        caption = opened.page.locator(".attnlab-grid-panel").inner_text()
+        opened.check_clean()
+    finally:
+        opened.page.close()
+    return np.array([[int(x) for x in re.findall(r"\d+", c)[:3]] for c in colours]), caption
+
+
+def test_the_entropy_grid_colours_on_the_entropy_s_own_range(browser, tmp_path):
+    # Four nearly uniform heads (means within 1e-3 nats of ln 128) look alike, and light; a
+    # head that puts its weight on one key is dark.
+    generator = torch.Generator().manual_seed(3)
+    query = 0.01 * torch.randn(1, 4, 128, 16, generator=generator)
+    key = torch.randn(1, 4, 128, 16, generator=generator)
+    with summarize(entropy=True) as uniform:
+        attnlab.scaled_dot_product_attention(query, key, key)
+    means = uniform[0].entropy[0].double().mean(-1)
+    assert (means - math.log(128)).abs().max() < 1e-3 and means.std() > 0
+    rgb, caption = grid_colours(browser, tmp_path / "uniform.html", uniform)
+    assert np.abs(rgb - rgb[0]).max() <= 3 and rgb[0].sum() > 400, rgb
+    assert "coloured from 0 (dark) to ln 128 (light)" in caption
+    query[:, 3], key[:, 3, 5] = 1.0, 40.0
+    with summarize(entropy=True) as sharp:
+        attnlab.scaled_dot_product_attention(query, key, key)
+    assert sharp[0].entropy[0, 3].mean() < 0.1
+    rgb, _ = grid_colours(browser, tmp_path / "sharp.html", sharp)
+    assert rgb[3].sum() < 250 and np.abs(rgb[:3] - rgb[0]).max() <= 3, rgb
+
+
 def test_clicking_a_block_with_weights_shows_them(page, recorded, shots):
     summaries, _ = recorded
     layer, head, q_block, k_block = ZOOMED

@@ -4,6 +4,7 @@
 #include <functional>
 #include <vector>
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 // The tensor API and autograd only: the whole C++ frontend (torch/torch.h) took twice as
 // long to compile.
@@ -51,6 +52,51 @@ TEST(SparseAttention, SparsemaxMatchesSortedReference) {
   EXPECT_TRUE(torch::equal(w.eq(0), expected.eq(0)));
   EXPECT_GT(w.eq(0).sum().item<int64_t>(), 0);
   EXPECT_TRUE(torch::allclose(out, torch::matmul(expected, v), 0, 1e-12));
+}
+
+// attnlab::_sdpa_summaries on rows long enough for support lists (which the summaries are
+// reduced from), against the same reductions of the weights need_weights=True returns: a fully
+// masked row, a row with half its keys masked, supports shorter than k, a repeated key in `to`.
+TEST(SparseAttention, SummariesFromSupportListsMatchTheWeights) {
+  using Summaries = std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor>;
+  const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("attnlab::_sdpa_summaries", "")
+          .typed<Summaries(const Tensor&, const Tensor&, const Tensor&,
+                           const std::optional<Tensor>&, bool, std::optional<double>,
+                           c10::string_view, std::optional<double>, bool, bool, int64_t,
+                           int64_t, c10::IntArrayRef)>();
+  torch::manual_seed(1);
+  const auto q = torch::randn({2, 12, 8}) * 3, k = torch::randn({2, 300, 8});
+  const auto v = torch::randn({2, 300, 4});
+  auto mask = torch::ones({12, 300}, torch::kBool);
+  mask[4].fill_(false);
+  mask[2].slice(0, 0, 150).fill_(false);
+  const std::vector<int64_t> to = {5, 0, 5};
+  for (const char* normalizer : {"sparsemax", "entmax15"}) {
+    SCOPED_TRACE(normalizer);
+    const auto [out, w] = attnlab::scaled_dot_product_attention(q, k, v, mask, false,
+                                                                std::nullopt, true, normalizer);
+    const auto [output, received, entropy, top_w, top_i, pooled, to_w] =
+        op.call(q, k, v, mask, false, std::nullopt, normalizer, std::nullopt, true, true, 8, 64,
+                to);
+    EXPECT_TRUE(torch::allclose(output, out, 1e-6, 1e-7));
+    EXPECT_TRUE(torch::allclose(received, w.sum(-2), 1e-5, 1e-6));
+    const auto log_w = torch::where(w > 0, w, torch::ones_like(w)).log();
+    EXPECT_TRUE(torch::allclose(entropy, -(w * log_w).sum(-1), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(top_w, std::get<0>(w.topk(8)), 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(w.gather(-1, top_i), top_w, 0, 1e-6));
+    EXPECT_GT(top_w.eq(0).sum().item<int64_t>(), 0) << "no support shorter than k";
+    EXPECT_TRUE(torch::equal(top_i[0][4], torch::arange(8, torch::kLong)));
+    EXPECT_TRUE(torch::equal(to_w.select(-1, 0), to_w.select(-1, 2)));
+    EXPECT_TRUE(torch::allclose(to_w.select(-1, 1), w.select(-1, 0), 1e-6, 1e-7));
+    ASSERT_EQ(pooled.sizes(), (std::vector<int64_t>{2, 1, 5}));
+    for (int64_t c = 0; c < 5; ++c) {
+      const auto block = w.slice(-1, c * 64, std::min<int64_t>(300, (c + 1) * 64));
+      EXPECT_TRUE(torch::allclose(pooled.select(-1, c).select(-1, 0), block.mean({-2, -1}), 1e-5,
+                                  1e-7));
+    }
+  }
 }
 
 TEST(SparseAttention, EntmaxRowsSumToOneAndGradientsFlow) {
